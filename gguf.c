@@ -1,0 +1,2 @@
+/* gguf.c */
+#include "strata.h"

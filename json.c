@@ -1,0 +1,2 @@
+/* json.c */
+#include "strata.h"

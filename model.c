@@ -1,0 +1,2 @@
+/* model.c */
+#include "strata.h"

@@ -1,0 +1,2 @@
+/* pool.c */
+#include "strata.h"

@@ -1,0 +1,2 @@
+/* quant.c */
+#include "strata.h"

@@ -1,0 +1,2 @@
+/* sample.c */
+#include "strata.h"

@@ -1,0 +1,3 @@
+/* strata.c */
+#include "strata.h"
+int main(void){return 0;}

@@ -1,0 +1,2 @@
+/* synth.c */
+#include "strata.h"

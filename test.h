@@ -1,0 +1,40 @@
+/*
+ * test.h — the test runner's checks, shared by test.c and the test_*.c files.
+ *
+ * A case starts with test_begin(name) and ends at the next test_begin or at
+ * the end of the run; it passes when none of its checks failed, and counts as
+ * skipped when it called test_skip (a missing ../shared, no GPU). Each test_*.c
+ * file exports one test_<subsystem>() that runs its cases.
+ */
+#ifndef STRATA_TEST_H
+#define STRATA_TEST_H
+
+#include <stddef.h>
+
+void test_begin(const char *name);
+void test_skip(const char *why);
+/* Records a failure of the current case with a message; returns 0. */
+int test_failf(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define CHECK(cond, ...) ((cond) ? 1 : test_failf(__FILE__, __LINE__, __VA_ARGS__))
+
+/* ../shared/testdata (or $STRATA_TESTDATA) joined with rel into buf; NULL,
+ * after test_skip, when the folder is absent. */
+const char *test_data(const char *rel, char *buf, size_t cap);
+/* Whole file into a malloc'd NUL-terminated buffer; NULL if unreadable. */
+char *test_read_file(const char *path, size_t *len);
+/* Nonzero when STRATA_SLOW is set (make test-slow). */
+int test_slow(void);
+/* A deterministic random stream for test inputs. */
+unsigned test_rand(unsigned *state);
+float test_randf(unsigned *state); /* uniform in [-1, 1) */
+
+void test_gguf(void);
+void test_quant(void);
+void test_tok(void);
+void test_json(void);
+void test_sample(void);
+void test_model(void);
+void test_cli(void);
+
+#endif

@@ -1,0 +1,2 @@
+/* tok.c */
+#include "strata.h"
