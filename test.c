@@ -156,6 +156,7 @@ int main(int argc, char **argv)
     test_json();
     test_sample();
     test_model();
+    test_synth();
     test_cli();
     end_case();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

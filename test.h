@@ -36,5 +36,6 @@ void test_json(void);
 void test_sample(void);
 void test_model(void);
 void test_cli(void);
+void test_synth(void);
 
 #endif

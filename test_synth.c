@@ -1,0 +1,135 @@
+/*
+ * test_synth.c — tests of synth.c: a written model has exactly the declared
+ * shape (metadata and tensor table checked key by key against the request),
+ * its tokenizer is the vocabulary file's, every weight dequantises into the
+ * range it was drawn from, and bad requests are refused with a message.
+ */
+#include "strata.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TMP_SYNTH "/tmp/strata-test-synth.gguf"
+
+static int run_synth(const char *const *args, int n, char *err, size_t errlen)
+{
+    char *argv[32];
+    argv[0] = "synth";
+    for (int i = 0; i < n; i++)
+        argv[i + 1] = (char *)args[i];
+    return synth_main(n + 1, argv, err, errlen);
+}
+
+static int64_t get_int(const struct gguf *g, const char *key)
+{
+    int64_t v = -1;
+    gguf_get_int(g, key, &v);
+    return v;
+}
+
+static void case_moe_shape(void)
+{
+    test_begin("synth/qwen3moe-shape");
+    char vocab[512], err[512];
+    if (!test_data("vocab/ggml-vocab-qwen2.gguf", vocab, sizeof vocab))
+        return;
+    const char *args[] = {"--arch", "qwen3moe", "--set", "n_embd=64", "--set", "n_layer=2",
+                          "--set", "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=32",
+                          "--set", "n_ff=128", "--set", "n_expert=4", "--set", "n_expert_used=2",
+                          "--set", "n_ff_exp=32", "--type", "Q8_0", "--vocab", vocab,
+                          "-o", TMP_SYNTH};
+    if (!CHECK(run_synth(args, 26, err, sizeof err) == 0, "synth: %s", err))
+        return;
+    struct gguf g, v;
+    if (!CHECK(gguf_open(&g, TMP_SYNTH, err, sizeof err) == 0, "%s", err))
+        return;
+    if (!CHECK(gguf_open(&v, vocab, err, sizeof err) == 0, "%s", err)) {
+        gguf_close(&g);
+        return;
+    }
+    CHECK(get_int(&g, "qwen3moe.embedding_length") == 64 && get_int(&g, "qwen3moe.block_count") == 2 &&
+              get_int(&g, "qwen3moe.attention.head_count") == 4 &&
+              get_int(&g, "qwen3moe.attention.head_count_kv") == 2 &&
+              get_int(&g, "qwen3moe.attention.key_length") == 32 &&
+              get_int(&g, "qwen3moe.expert_count") == 4 &&
+              get_int(&g, "qwen3moe.expert_used_count") == 2 &&
+              get_int(&g, "qwen3moe.expert_feed_forward_length") == 32,
+          "hyper-parameters differ from the request");
+    /* the tokenizer is copied byte for byte */
+    const struct gguf_kv *a = gguf_find(&g, "tokenizer.ggml.merges"),
+                         *b = gguf_find(&v, "tokenizer.ggml.merges");
+    CHECK(a && b && a->nbytes == b->nbytes && memcmp(a->data, b->data, a->nbytes) == 0,
+          "merges not copied");
+    const struct gguf_kv *toks = gguf_find(&v, "tokenizer.ggml.tokens");
+    struct { const char *name; int type; int64_t ne0, ne1, ne2; } want[] = {
+        {"token_embd.weight", QT_Q8_0, 64, toks ? (int64_t)toks->n : -1, 1},
+        {"output.weight", QT_Q8_0, 64, toks ? (int64_t)toks->n : -1, 1},
+        {"output_norm.weight", QT_F32, 64, 1, 1},
+        {"blk.1.attn_q.weight", QT_Q8_0, 64, 128, 1},
+        {"blk.1.attn_k.weight", QT_Q8_0, 64, 64, 1},
+        {"blk.1.attn_output.weight", QT_Q8_0, 128, 64, 1},
+        {"blk.1.attn_q_norm.weight", QT_F32, 32, 1, 1},
+        {"blk.0.ffn_gate_inp.weight", QT_F32, 64, 4, 1},
+        {"blk.0.ffn_gate_exps.weight", QT_Q8_0, 64, 32, 4},
+        {"blk.0.ffn_down_exps.weight", QT_Q8_0, 32, 64, 4},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct gguf_tensor *t = gguf_tensor(&g, want[i].name);
+        CHECK(t && t->type == want[i].type && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1 &&
+                  t->ne[2] == want[i].ne2, "tensor %s missing or mis-shaped", want[i].name);
+    }
+    CHECK(g.n_tensors == 3 + 2 * 12, "%llu tensors", (unsigned long long)g.n_tensors);
+    /* every weight of a layer matrix lies within the uniform range it was drawn
+     * from (half-width 1.7/sqrt(64)) plus the Q8_0 rounding of that range */
+    const struct gguf_tensor *t = gguf_tensor(&g, "blk.0.attn_q.weight");
+    const struct quant_type *qt = quant_type(QT_Q8_0);
+    if (t && qt) {
+        int64_t n = t->ne[0] * t->ne[1];
+        float *f = malloc((size_t)n * sizeof *f);
+        qt->to_f32(t->data, f, n);
+        double lim = 1.7 / 8 * (1 + 1.0 / 127) + 1e-6, sum2 = 0;
+        float worst = 0;
+        for (int64_t i = 0; i < n; i++) {
+            worst = fmaxf(worst, fabsf(f[i]));
+            sum2 += (double)f[i] * f[i];
+        }
+        double rms = sqrt(sum2 / (double)n);
+        /* a uniform(-h, h) sample has rms h/sqrt(3) */
+        CHECK(worst <= lim && fabs(rms - 1.7 / 8 / sqrt(3.0)) < 0.01, "max %g (limit %g), rms %g",
+              worst, lim, rms);
+        free(f);
+    }
+    gguf_close(&g);
+    gguf_close(&v);
+}
+
+static void case_bad_requests(void)
+{
+    test_begin("synth/bad-requests");
+    char err[512];
+    const char *unknown_shape[] = {"--shape", "gpt5", "--type", "Q8_0", "-o", TMP_SYNTH};
+    CHECK(run_synth(unknown_shape, 6, err, sizeof err) != 0 && strstr(err, "unknown shape"),
+          "unknown shape: %s", err);
+    const char *bad_type[] = {"--shape", "qwen3-0.6b", "--type", "Q9_9", "-o", TMP_SYNTH};
+    CHECK(run_synth(bad_type, 6, err, sizeof err) != 0 && strstr(err, "weight type"),
+          "bad type: %s", err);
+    const char *bad_arch[] = {"--arch", "mamba", "--set", "n_embd=64", "--type", "Q8_0", "-o", TMP_SYNTH};
+    CHECK(run_synth(bad_arch, 8, err, sizeof err) != 0 && strstr(err, "unsupported architecture"),
+          "bad arch: %s", err);
+    const char *bad_rows[] = {"--arch", "llama", "--set", "n_embd=96", "--set", "n_layer=1",
+                              "--set", "n_head=2", "--set", "n_ff=96", "--type", "Q4_K",
+                              "-o", TMP_SYNTH};
+    CHECK(run_synth(bad_rows, 14, err, sizeof err) != 0 && strstr(err, "not a multiple"),
+          "rows not a block multiple: %s", err);
+    const char *bad_set[] = {"--arch", "llama", "--set", "colour=blue", "--type", "Q8_0", "-o", TMP_SYNTH};
+    CHECK(run_synth(bad_set, 8, err, sizeof err) != 0 && strstr(err, "unknown --set key"),
+          "unknown key: %s", err);
+}
+
+void test_synth(void)
+{
+    case_moe_shape();
+    case_bad_requests();
+}
