@@ -1,2 +1,1611 @@
-/* model.c */
+/*
+ * model.c — architectures (hyper-parameters, tensor binding) and the CPU
+ * forward pass: llama, qwen2, qwen3 and qwen3moe as ARCH.md §3.0-3.4 state
+ * them, with the reference engine's numerics (ARCH.md §0). At the end, the
+ * small public wrapper strata_* bundles model, tokenizer and sampler.
+ *
+ * Weights stay in the GGUF mapping and are read through quant.c; 1-D tensors
+ * (norms, biases) that are not F32 are converted once at load. A context
+ * allocates everything it needs in model_ctx_new: evaluation never allocates.
+ * Matrix products are split over the pool by weight rows, so decode streams
+ * each matrix once at memory bandwidth. Attention lives behind attn_forward,
+ * over a contiguous per-layer KV cache (F16 or F32 cells).
+ *
+ * Shapes: T tokens of a chunk, D model width, H query heads, K kv heads,
+ * E head dim, F feed-forward width, X experts, U experts used, V vocab, C cells.
+ */
 #include "strata.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define MODEL_CHUNK 512   /* tokens per forward chunk: bounds the scratch buffers */
+#define MM_ROWS 16        /* weight rows per work unit; slices start at multiples */
+#define MM_MIN_ELEMS 8192 /* element count below which a row loop stays on the caller */
+
+/* ==== the model: weights bound to tensors of the mapping ==== */
+
+/* A weight matrix (or a stack of X expert matrices): rows of n elements. */
+struct mat {
+    const uint8_t *data;  /* (X, rows, ldw bytes) */
+    int type;             /* enum qtype */
+    int n, rows;
+    size_t ldw;           /* bytes per row */
+    size_t stride;        /* bytes per expert matrix */
+};
+
+struct layer {
+    const float *attn_norm;           /* (D) */
+    struct mat wq, wk, wv, wo;        /* D→H*E, D→K*E, D→K*E, H*E→D */
+    const float *bq, *bk, *bv, *bo;   /* (H*E), (K*E), (K*E), (D); optional */
+    const float *q_norm, *k_norm;     /* (E) per-head RMSNorm weights (qwen3) */
+    const float *ffn_norm;            /* (D) */
+    struct mat gate, up, down;        /* dense SwiGLU: D→F, D→F, F→D */
+    struct mat gate_inp;              /* MoE router: D→X */
+    struct mat gate_exps, up_exps, down_exps; /* X × (D→Fe), X × (D→Fe), X × (Fe→D) */
+    int moe;
+};
+
+struct model {
+    struct gguf g;
+    struct model_hp hp;
+    struct tok *tok;              /* NULL when the file has no tokenizer */
+    struct mat tok_embd;          /* (V, D) */
+    struct mat output;            /* (V, D): tok_embd when tied */
+    const float *output_norm;     /* (D) */
+    const float *output_b;        /* (V) optional */
+    const float *rope_freqs;      /* (n_rot/2) optional frequency divisors */
+    float freq_scale;             /* 1 / rope.scaling.factor for linear scaling */
+    struct layer *layers;         /* (n_layer) */
+    float *vecs;                  /* F32 copies of the non-F32 1-D tensors */
+    size_t vecs_used, vecs_cap;   /* floats */
+    size_t max_act_row;           /* bytes of the widest activation row in any dot type */
+};
+
+/* ==== loading ==== */
+
+static int model_fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int model_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+struct loader {
+    struct model *m;
+    const char *arch;
+    char *err;
+    size_t errlen;
+};
+
+static int ld_key_int(struct loader *L, const char *suffix, int64_t def, int required, int64_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    const struct gguf_kv *kv = gguf_find(&L->m->g, key);
+    if (!kv) {
+        if (required)
+            return model_fail(L->err, L->errlen, "missing metadata key '%s'", key);
+        *out = def;
+        return 0;
+    }
+    if (kv->type == GGUF_ARR) {
+        /* per-layer values: accepted only when every layer has the same one */
+        if (kv->n == 0)
+            return model_fail(L->err, L->errlen, "metadata key '%s' is an empty array", key);
+        int64_t v0 = gguf_arr_int(kv, 0);
+        for (uint64_t i = 1; i < kv->n; i++)
+            if (gguf_arr_int(kv, i) != v0)
+                return model_fail(L->err, L->errlen,
+                                  "metadata key '%s': per-layer values differ (not supported)", key);
+        *out = v0;
+        return 0;
+    }
+    if (gguf_get_int(&L->m->g, key, out) != 0)
+        return model_fail(L->err, L->errlen, "metadata key '%s' is not an integer", key);
+    return 0;
+}
+
+static int ld_key_f32(struct loader *L, const char *suffix, float def, int required, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    if (!gguf_find(&L->m->g, key)) {
+        if (required)
+            return model_fail(L->err, L->errlen, "missing metadata key '%s'", key);
+        *out = def;
+        return 0;
+    }
+    if (gguf_get_f32(&L->m->g, key, out) != 0)
+        return model_fail(L->err, L->errlen, "metadata key '%s' is not a number", key);
+    return 0;
+}
+
+static void shape_str(char *buf, size_t cap, const int64_t *ne, int nd)
+{
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < nd && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, i ? ", %" PRId64 : "%" PRId64, ne[i]);
+    if (o < cap)
+        snprintf(buf + o, cap - o, "]");
+}
+
+/* Finds `name` and checks it has exactly the dims ne[0..nd) (the rest 1). */
+static const struct gguf_tensor *ld_tensor(struct loader *L, const char *name, const int64_t *ne,
+                                           int nd, int required, int *failed)
+{
+    const struct gguf_tensor *t = gguf_tensor(&L->m->g, name);
+    if (!t) {
+        if (required) {
+            model_fail(L->err, L->errlen, "missing tensor '%s'", name);
+            *failed = 1;
+        }
+        return NULL;
+    }
+    for (int i = 0; i < GGUF_MAX_DIMS; i++) {
+        if (t->ne[i] != (i < nd ? ne[i] : 1)) {
+            char want[96], got[96];
+            shape_str(want, sizeof want, ne, nd);
+            shape_str(got, sizeof got, t->ne, t->n_dims);
+            model_fail(L->err, L->errlen, "tensor '%s' has shape %s, expected %s", name, got, want);
+            *failed = 1;
+            return NULL;
+        }
+    }
+    const struct quant_type *qt = quant_type(t->type);
+    if (!qt || !qt->to_f32) {
+        model_fail(L->err, L->errlen, "tensor '%s' has unsupported type %s (%d)", name,
+                   gguf_type_name(t->type), t->type);
+        *failed = 1;
+        return NULL;
+    }
+    return t;
+}
+
+/* Binds a matrix {n, rows} (n_exp > 0: {n, rows, n_exp}). Returns 0 when
+ * bound, 1 when optional and absent, -1 on error. */
+static int ld_mat(struct loader *L, struct mat *w, const char *name, int64_t n, int64_t rows,
+                  int64_t n_exp, int required)
+{
+    int failed = 0;
+    int64_t ne[3] = {n, rows, n_exp};
+    const struct gguf_tensor *t = ld_tensor(L, name, ne, n_exp > 0 ? 3 : 2, required, &failed);
+    if (!t)
+        return failed ? -1 : 1;
+    const struct quant_type *qt = quant_type(t->type);
+    const struct quant_type *dt = quant_type(qt->dot_type);
+    if (!qt->dot || !dt || (qt->dot_type != QT_F32 && !dt->from_f32) || n % qt->blck != 0)
+        return model_fail(L->err, L->errlen, "tensor '%s': type %s cannot be multiplied here",
+                          name, gguf_type_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->n = (int)n;
+    w->rows = (int)rows;
+    w->ldw = quant_row_bytes(t->type, n);
+    w->stride = w->ldw * (size_t)rows;
+    return 0;
+}
+
+/* Binds a vector of n floats, converting it when it is not F32. */
+static int ld_vec(struct loader *L, const float **v, const char *name, int64_t n, int required)
+{
+    int failed = 0;
+    const struct gguf_tensor *t = ld_tensor(L, name, &n, 1, required, &failed);
+    if (!t) {
+        *v = NULL;
+        return failed ? -1 : 0;
+    }
+    struct model *m = L->m;
+    if (t->type == QT_F32 && ((uintptr_t)t->data & 3) == 0) {
+        *v = t->data;
+        return 0;
+    }
+    const struct quant_type *qt = quant_type(t->type);
+    if (n % qt->blck != 0 || m->vecs_used + (size_t)n > m->vecs_cap)
+        return model_fail(L->err, L->errlen, "tensor '%s': cannot convert %s vector", name,
+                          gguf_type_name(t->type));
+    float *dst = m->vecs + m->vecs_used;
+    qt->to_f32(t->data, dst, n);
+    m->vecs_used += (size_t)n;
+    *v = dst;
+    return 0;
+}
+
+static int ld_hparams(struct loader *L)
+{
+    struct model *m = L->m;
+    struct model_hp *hp = &m->hp;
+    int64_t v;
+    struct gguf_str s;
+    if (gguf_get_str(&m->g, "general.architecture", &s) != 0)
+        return model_fail(L->err, L->errlen, "missing metadata key 'general.architecture'");
+    static const struct { const char *name; int arch; } archs[] = {
+        {"llama", ARCH_LLAMA}, {"qwen2", ARCH_QWEN2}, {"qwen3", ARCH_QWEN3}, {"qwen3moe", ARCH_QWEN3MOE},
+    };
+    hp->arch = -1;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (s.len == strlen(archs[i].name) && memcmp(s.ptr, archs[i].name, s.len) == 0) {
+            hp->arch = archs[i].arch;
+            L->arch = archs[i].name;
+        }
+    if (hp->arch < 0)
+        return model_fail(L->err, L->errlen, "unsupported architecture '%.*s'",
+                          (int)(s.len < 64 ? s.len : 64), s.ptr);
+
+    if (ld_key_int(L, "embedding_length", 0, 1, &v)) return -1;
+    hp->n_embd = (int)v;
+    if (ld_key_int(L, "block_count", 0, 1, &v)) return -1;
+    hp->n_layer = (int)v;
+    if (ld_key_int(L, "attention.head_count", 0, 1, &v)) return -1;
+    hp->n_head = (int)v;
+    if (ld_key_int(L, "attention.head_count_kv", hp->n_head, 0, &v)) return -1;
+    hp->n_head_kv = (int)v;
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->n_embd > (1 << 20) || hp->n_layer > 4096 || hp->n_head > 4096 ||
+        hp->n_head % hp->n_head_kv != 0)
+        return model_fail(L->err, L->errlen, "bad shape: n_embd %d, n_layer %d, n_head %d, n_head_kv %d",
+                          hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
+    if (ld_key_int(L, "attention.key_length", hp->n_embd / hp->n_head, 0, &v)) return -1;
+    hp->head_dim = (int)v;
+    if (ld_key_int(L, "attention.value_length", hp->head_dim, 0, &v)) return -1;
+    if (v != hp->head_dim)
+        return model_fail(L->err, L->errlen, "%s.attention.value_length %" PRId64
+                          " differs from key_length %d (not supported)", L->arch, v, hp->head_dim);
+    if (ld_key_int(L, "feed_forward_length", 0, 0, &v)) return -1;
+    hp->n_ff = (int)v;
+    if (ld_key_int(L, "expert_count", 0, 0, &v)) return -1;
+    hp->n_expert = (int)v;
+    if (ld_key_int(L, "expert_used_count", 0, 0, &v)) return -1;
+    hp->n_expert_used = (int)v;
+    if (ld_key_int(L, "expert_feed_forward_length",
+                   hp->n_expert_used > 0 ? hp->n_ff / hp->n_expert_used : 0, 0, &v)) return -1;
+    hp->n_ff_exp = (int)v;
+    if (ld_key_int(L, "context_length", 2048, 0, &v)) return -1;
+    hp->n_ctx_train = (int)v;
+    if (ld_key_int(L, "rope.dimension_count", hp->head_dim, 0, &v)) return -1;
+    hp->n_rot = (int)v;
+    hp->rope_neox = hp->arch != ARCH_LLAMA;
+    if (ld_key_f32(L, "rope.freq_base", 10000.0f, 0, &hp->rope_base)) return -1;
+    if (ld_key_f32(L, "attention.layer_norm_rms_epsilon", 0, 1, &hp->rms_eps)) return -1;
+    if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 1024 || hp->n_rot <= 0 ||
+        hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_ff < 0 || hp->n_ctx_train <= 0)
+        return model_fail(L->err, L->errlen, "bad shape: head_dim %d, n_rot %d, n_ff %d",
+                          hp->head_dim, hp->n_rot, hp->n_ff);
+    if (hp->n_expert < 0 || hp->n_expert > 4096 || hp->n_expert_used < 0 ||
+        hp->n_expert_used > hp->n_expert || (hp->n_expert > 0 && hp->n_expert_used == 0) ||
+        hp->n_ff_exp < 0)
+        return model_fail(L->err, L->errlen, "bad expert counts: %d experts, %d used, width %d",
+                          hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
+
+    /* RoPE scaling: none or linear; the others change the frequencies in ways
+     * this engine does not reproduce yet */
+    m->freq_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", L->arch);
+    if (gguf_get_str(&m->g, key, &s) == 0 && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
+        if (!(s.len == 6 && memcmp(s.ptr, "linear", 6) == 0))
+            return model_fail(L->err, L->errlen, "%s '%.*s' is not supported", key,
+                              (int)(s.len < 32 ? s.len : 32), s.ptr);
+        float factor;
+        if (ld_key_f32(L, "rope.scaling.factor", 1.0f, 0, &factor)) return -1;
+        if (!(factor > 0))
+            return model_fail(L->err, L->errlen, "%s.rope.scaling.factor must be positive", L->arch);
+        m->freq_scale = 1.0f / factor;
+    }
+    return 0;
+}
+
+/* Room for F32 copies of every non-F32 1-D tensor. */
+static int ld_vec_arena(struct model *m, char *err, size_t errlen)
+{
+    size_t n = 0;
+    for (uint64_t i = 0; i < m->g.n_tensors; i++) {
+        const struct gguf_tensor *t = &m->g.tensors[i];
+        if (t->n_dims == 1 && (t->type != QT_F32 || ((uintptr_t)t->data & 3)))
+            n += (size_t)t->ne[0];
+    }
+    m->vecs_cap = n;
+    if (n && !(m->vecs = malloc(n * sizeof(float))))
+        return model_fail(err, errlen, "out of memory for %zu norm weights", n);
+    return 0;
+}
+
+static void note_act(struct model *m, const struct mat *w, int width)
+{
+    if (!w->data)
+        return;
+    int dt = quant_type(w->type)->dot_type;
+    size_t rb = dt == QT_F32 ? (size_t)width * 4 : quant_row_bytes(dt, width);
+    if (rb == 0) /* width not a multiple of the block: the F32 fallback bound */
+        rb = (size_t)width * 4;
+    if (rb > m->max_act_row)
+        m->max_act_row = rb;
+}
+
+static int ld_layer(struct loader *L, int il)
+{
+    struct model *m = L->m;
+    const struct model_hp *hp = &m->hp;
+    struct layer *ly = &m->layers[il];
+    int64_t D = hp->n_embd, E = hp->head_dim, HE = (int64_t)hp->n_head * E, KE = (int64_t)hp->n_head_kv * E;
+    char n[GGUF_NAME_MAX + 32];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    if (ld_vec(L, &ly->attn_norm, NAME("attn_norm.weight"), D, 1)) return -1;
+    int r = ld_mat(L, &ly->wq, NAME("attn_q.weight"), D, HE, 0, 0);
+    if (r < 0) return -1;
+    if (r == 1) {
+        /* fused Q|K|V rows: three row ranges of one matrix */
+        struct mat qkv;
+        if (ld_mat(L, &qkv, NAME("attn_qkv.weight"), D, HE + 2 * KE, 0, 1)) {
+            if (!gguf_tensor(&m->g, n))
+                model_fail(L->err, L->errlen, "missing tensor 'blk.%d.attn_q.weight'", il);
+            return -1;
+        }
+        ly->wq = ly->wk = ly->wv = qkv;
+        ly->wq.rows = (int)HE;
+        ly->wk.rows = ly->wv.rows = (int)KE;
+        ly->wk.data = qkv.data + qkv.ldw * (size_t)HE;
+        ly->wv.data = qkv.data + qkv.ldw * (size_t)(HE + KE);
+    } else {
+        if (ld_mat(L, &ly->wk, NAME("attn_k.weight"), D, KE, 0, 1)) return -1;
+        if (ld_mat(L, &ly->wv, NAME("attn_v.weight"), D, KE, 0, 1)) return -1;
+    }
+    if (ld_mat(L, &ly->wo, NAME("attn_output.weight"), HE, D, 0, 1)) return -1;
+    if (ld_vec(L, &ly->bq, NAME("attn_q.bias"), HE, 0)) return -1;
+    if (ld_vec(L, &ly->bk, NAME("attn_k.bias"), KE, 0)) return -1;
+    if (ld_vec(L, &ly->bv, NAME("attn_v.bias"), KE, 0)) return -1;
+    if (ld_vec(L, &ly->bo, NAME("attn_output.bias"), D, 0)) return -1;
+    int qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE;
+    if (ld_vec(L, &ly->q_norm, NAME("attn_q_norm.weight"), E, qk_norm)) return -1;
+    if (ld_vec(L, &ly->k_norm, NAME("attn_k_norm.weight"), E, qk_norm)) return -1;
+    if ((ly->q_norm != NULL) != (ly->k_norm != NULL))
+        return model_fail(L->err, L->errlen, "layer %d has only one of attn_q_norm/attn_k_norm", il);
+    if (ld_vec(L, &ly->ffn_norm, NAME("ffn_norm.weight"), D, 1)) return -1;
+
+    int X = hp->n_expert;
+    ly->moe = hp->arch == ARCH_QWEN3MOE || gguf_tensor(&m->g, NAME("ffn_gate_inp.weight")) != NULL;
+    if (ly->moe) {
+        int64_t Fe = hp->n_ff_exp;
+        if (X <= 0 || Fe <= 0)
+            return model_fail(L->err, L->errlen, "layer %d is MoE but %s.expert_count/"
+                              "expert_feed_forward_length are missing", il, L->arch);
+        if (ld_mat(L, &ly->gate_inp, NAME("ffn_gate_inp.weight"), D, X, 0, 1)) return -1;
+        if (ld_mat(L, &ly->gate_exps, NAME("ffn_gate_exps.weight"), D, Fe, X, 1)) return -1;
+        if (ld_mat(L, &ly->up_exps, NAME("ffn_up_exps.weight"), D, Fe, X, 1)) return -1;
+        if (ld_mat(L, &ly->down_exps, NAME("ffn_down_exps.weight"), Fe, D, X, 1)) return -1;
+        note_act(m, &ly->gate_inp, (int)D);
+        note_act(m, &ly->gate_exps, (int)D);
+        note_act(m, &ly->up_exps, (int)D);
+        note_act(m, &ly->down_exps, (int)Fe);
+    } else {
+        int64_t F = hp->n_ff;
+        if (F <= 0)
+            return model_fail(L->err, L->errlen, "missing metadata key '%s.feed_forward_length'", L->arch);
+        if (ld_mat(L, &ly->gate, NAME("ffn_gate.weight"), D, F, 0, 1)) return -1;
+        if (ld_mat(L, &ly->up, NAME("ffn_up.weight"), D, F, 0, 1)) return -1;
+        if (ld_mat(L, &ly->down, NAME("ffn_down.weight"), F, D, 0, 1)) return -1;
+        note_act(m, &ly->gate, (int)D);
+        note_act(m, &ly->up, (int)D);
+        note_act(m, &ly->down, (int)F);
+    }
+#undef NAME
+    note_act(m, &ly->wq, (int)D);
+    note_act(m, &ly->wk, (int)D);
+    note_act(m, &ly->wv, (int)D);
+    note_act(m, &ly->wo, (int)HE);
+    return 0;
+}
+
+int model_load(struct model **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return model_fail(err, errlen, "out of memory");
+    if (gguf_open(&m->g, path, err, errlen) != 0) {
+        free(m);
+        return -1;
+    }
+    struct loader L = {m, NULL, err, errlen};
+    struct model_hp *hp = &m->hp;
+    if (ld_hparams(&L) || ld_vec_arena(m, err, errlen))
+        goto fail;
+
+    const struct gguf_tensor *te = gguf_tensor(&m->g, "token_embd.weight");
+    if (!te) {
+        model_fail(err, errlen, "missing tensor 'token_embd.weight'");
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
+        model_fail(err, errlen, "tensor 'token_embd.weight' has %" PRId64 " rows", te->ne[1]);
+        goto fail;
+    }
+    int64_t D = hp->n_embd, V = hp->n_vocab;
+    if (ld_mat(&L, &m->tok_embd, "token_embd.weight", D, V, 0, 1))
+        goto fail;
+    int r = ld_mat(&L, &m->output, "output.weight", D, V, 0, 0);
+    if (r < 0)
+        goto fail;
+    if (r == 1)
+        m->output = m->tok_embd;   /* tied LM head */
+    note_act(m, &m->output, (int)D);
+    if (ld_vec(&L, &m->output_norm, "output_norm.weight", D, 1) ||
+        ld_vec(&L, &m->output_b, "output.bias", V, 0) ||
+        ld_vec(&L, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0))
+        goto fail;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        model_fail(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int il = 0; il < hp->n_layer; il++)
+        if (ld_layer(&L, il))
+            goto fail;
+    if (gguf_find(&m->g, "tokenizer.ggml.model") && tok_load(&m->tok, &m->g, err, errlen) != 0)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    if (m->tok)
+        tok_free(m->tok);
+    free(m->layers);
+    free(m->vecs);
+    gguf_close(&m->g);
+    free(m);
+}
+
+const struct model_hp *model_hp(const struct model *m) { return &m->hp; }
+const struct tok *model_tok(const struct model *m) { return m->tok; }
+const struct gguf *model_gguf(const struct model *m) { return &m->g; }
+
+size_t model_weight_bytes(const struct model *m)
+{
+    size_t n = 0;
+    for (uint64_t i = 0; i < m->g.n_tensors; i++)
+        n += m->g.tensors[i].nbytes;
+    return n;
+}
+
+static size_t mat_bytes(const struct mat *w) { return w->data ? w->stride : 0; }
+
+size_t model_decode_bytes(const struct model *m)
+{
+    const struct model_hp *hp = &m->hp;
+    size_t n = mat_bytes(&m->output) + m->tok_embd.ldw;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *ly = &m->layers[il];
+        n += mat_bytes(&ly->wq) + mat_bytes(&ly->wk) + mat_bytes(&ly->wv) + mat_bytes(&ly->wo);
+        if (ly->moe)
+            n += mat_bytes(&ly->gate_inp) + (size_t)hp->n_expert_used *
+                 (mat_bytes(&ly->gate_exps) + mat_bytes(&ly->up_exps) + mat_bytes(&ly->down_exps));
+        else
+            n += mat_bytes(&ly->gate) + mat_bytes(&ly->up) + mat_bytes(&ly->down);
+    }
+    return n;
+}
+
+/* ==== a context: KV cache and scratch ==== */
+
+/* y[t*ldy + r] = row r of w · row t of a, for r < rows, t < na. */
+struct mm_job {
+    const uint8_t *w;
+    int type, n, rows;
+    size_t ldw;
+    const void *a;
+    size_t lda;
+    int na;
+    float *y;
+    size_t ldy;
+};
+
+struct model_ctx {
+    struct model *m;
+    struct pool *pool;
+    int n_threads;
+    int n_ctx, kv_type, f32ref;
+    int n_past;                   /* cells holding valid K/V */
+    int t_max;                    /* tokens per chunk */
+    size_t kv_elt;                /* bytes per cache element */
+    uint8_t *k_cache, *v_cache;   /* (n_layer, C, K*E) */
+    float *x;                     /* (T, D) residual stream */
+    float *xn;                    /* (T, D) normed input / block output */
+    float *q;                     /* (T, H*E) */
+    float *k, *v;                 /* (T, K*E) */
+    float *ao;                    /* (T, H*E) attention output */
+    float *g, *u;                 /* (T*U, max(F, Fe)) gate and up products */
+    float *eo;                    /* (T*U, D) expert outputs, grouped by expert */
+    float *rope;                  /* (T, n_rot) cos/sin pairs per position */
+    float *router;                /* (T, X) router logits, then probabilities */
+    int *sel;                     /* (T, U) chosen experts, best first */
+    float *selw;                  /* (T, U) their renormalised weights */
+    int *selrow;                  /* (T, U) row of each choice in g/u/eo */
+    int *ecount, *eoff;           /* (X) tokens per expert and their first row */
+    struct mm_job *jobs;          /* (2X) expert products of one batch */
+    uint8_t *gath;                /* (T*U, act row) activations gathered per expert */
+    uint8_t *actbuf[2];           /* (T*U, act row) quantised activation slots */
+    size_t act_row;               /* bytes per slot row */
+    float *tscratch;              /* (threads, tscratch_n) per-thread scratch */
+    size_t tscratch_n;
+    /* the input whose quantised copies the slots hold */
+    const float *act_x;
+    int act_T, act_n;
+    int slot_type[2];             /* dot type held, -1 when empty */
+    size_t slot_lda[2];
+    int slot_next;
+};
+
+struct arena {
+    uint8_t *base;
+    size_t used;
+};
+
+static void *carve(struct arena *a, size_t bytes)
+{
+    size_t off = a->used;
+    a->used += (bytes + 63) & ~(size_t)63;
+    return a->base ? a->base + off : NULL;
+}
+
+/* Lays the context's buffers out in a (only sizes them when a->base is NULL). */
+static void ctx_layout(struct model_ctx *c, struct arena *a)
+{
+    const struct model_hp *hp = &c->m->hp;
+    size_t T = (size_t)c->t_max, D = (size_t)hp->n_embd, E = (size_t)hp->head_dim;
+    size_t HE = (size_t)hp->n_head * E, KE = (size_t)hp->n_head_kv * E;
+    size_t U = hp->n_expert_used > 0 ? (size_t)hp->n_expert_used : 1;
+    size_t X = hp->n_expert > 0 ? (size_t)hp->n_expert : 1;
+    size_t F = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
+    size_t gu = T * F > T * U * (size_t)hp->n_ff_exp ? T * F : T * U * (size_t)hp->n_ff_exp;
+    size_t cells = (size_t)hp->n_layer * (size_t)c->n_ctx * KE;
+    c->k_cache = carve(a, cells * c->kv_elt);
+    c->v_cache = carve(a, cells * c->kv_elt);
+    c->x = carve(a, T * D * 4);
+    c->xn = carve(a, T * D * 4);
+    c->q = carve(a, T * HE * 4);
+    c->k = carve(a, T * KE * 4);
+    c->v = carve(a, T * KE * 4);
+    c->ao = carve(a, T * HE * 4);
+    c->g = carve(a, gu * 4);
+    c->u = carve(a, gu * 4);
+    c->rope = carve(a, T * (size_t)hp->n_rot * 4);
+    if (hp->n_expert > 0) {
+        c->eo = carve(a, T * U * D * 4);
+        c->router = carve(a, T * X * 4);
+        c->sel = carve(a, T * U * sizeof(int));
+        c->selw = carve(a, T * U * 4);
+        c->selrow = carve(a, T * U * sizeof(int));
+        c->ecount = carve(a, X * sizeof(int));
+        c->eoff = carve(a, X * sizeof(int));
+        c->gath = carve(a, T * U * c->act_row);
+        c->jobs = carve(a, 2 * X * sizeof(struct mm_job));
+    }
+    c->actbuf[0] = carve(a, T * U * c->act_row);
+    c->actbuf[1] = carve(a, T * U * c->act_row);
+    c->tscratch = carve(a, (size_t)c->n_threads * c->tscratch_n * 4);
+}
+
+int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_type,
+                  struct pool *pool, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct model_hp *hp = &m->hp;
+    if (n_ctx <= 0 || n_ctx > (1 << 24))
+        return model_fail(err, errlen, "context size %d out of range", n_ctx);
+    if (kv_type != KV_F16 && kv_type != KV_F32)
+        return model_fail(err, errlen, "unknown KV cache type %d", kv_type);
+    struct model_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return model_fail(err, errlen, "out of memory");
+    c->m = m;
+    c->pool = pool;
+    c->n_threads = pool_size(pool);
+    c->n_ctx = n_ctx;
+    c->kv_type = kv_type;
+    c->kv_elt = kv_type == KV_F16 ? 2 : 4;
+    c->t_max = n_ctx < MODEL_CHUNK ? n_ctx : MODEL_CHUNK;
+    size_t width = (size_t)hp->n_embd;
+    size_t HE = (size_t)hp->n_head * (size_t)hp->head_dim;
+    if (HE > width) width = HE;
+    if ((size_t)hp->n_ff > width) width = (size_t)hp->n_ff;
+    if ((size_t)hp->n_ff_exp > width) width = (size_t)hp->n_ff_exp;
+    /* F32 rows serve the float-reference mode and F32-weight matrices */
+    c->act_row = m->max_act_row > width * 4 ? m->max_act_row : width * 4;
+    /* per thread: attention scores (G, C) + queries (G, E) + one K/V row (E)
+     * + lane sums (G, 64, E) + a double tail (G, E); or a tile of dequantised
+     * weight rows (MM_ROWS, width) */
+    size_t G = (size_t)(hp->n_head / hp->n_head_kv), E = (size_t)hp->head_dim;
+    size_t attn = G * (size_t)n_ctx + G * E + E + G * 64 * E + 2 * G * E + 4;
+    size_t tile = (size_t)MM_ROWS * width;
+    c->tscratch_n = ((attn > tile ? attn : tile) + 15) & ~(size_t)15;
+    struct arena a = {NULL, 0};
+    ctx_layout(c, &a);
+    a.base = calloc(1, a.used);
+    if (!a.base) {
+        free(c);
+        return model_fail(err, errlen, "out of memory for a context of %d cells (%zu MiB)",
+                          n_ctx, a.used >> 20);
+    }
+    a.used = 0;
+    ctx_layout(c, &a);
+    c->slot_type[0] = c->slot_type[1] = -1;
+    *out = c;
+    return 0;
+}
+
+void model_ctx_free(struct model_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->k_cache);   /* the arena's first buffer */
+    free(c);
+}
+
+void model_ctx_set_f32ref(struct model_ctx *c, int on)
+{
+    c->f32ref = on != 0;
+    c->slot_type[0] = c->slot_type[1] = -1;
+}
+
+/* ==== running work on the pool ==== */
+
+/* Runs fn(c, arg, r0, r1) over [0, n) split in contiguous ranges, on the
+ * caller alone when the work is small. */
+struct rows_job {
+    struct model_ctx *c;
+    void (*fn)(struct model_ctx *c, const void *arg, int r0, int r1, int ith);
+    const void *arg;
+    int n;
+};
+
+static void rows_worker(void *p, int ith, int nth)
+{
+    const struct rows_job *j = p;
+    int r0 = (int)((int64_t)j->n * ith / nth), r1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    if (r0 < r1)
+        j->fn(j->c, j->arg, r0, r1, ith);
+}
+
+static void rows_run(struct model_ctx *c, void (*fn)(struct model_ctx *, const void *, int, int, int),
+                     const void *arg, int n, size_t elems_per_row)
+{
+    if (n <= 0)
+        return;
+    if (c->n_threads == 1 || n == 1 || (size_t)n * elems_per_row < MM_MIN_ELEMS) {
+        fn(c, arg, 0, n, 0);
+        return;
+    }
+    struct rows_job j = {c, fn, arg, n};
+    pool_run(c->pool, rows_worker, &j);
+}
+
+/* ---- activation quantisation, cached per input and dot type ---- */
+
+struct quant_arg {
+    const float *x;
+    int n, type;
+    uint8_t *q;
+    size_t lda;
+};
+
+static void quant_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)c, (void)ith;
+    const struct quant_arg *a = p;
+    const struct quant_type *qt = quant_type(a->type);
+    for (int r = r0; r < r1; r++)
+        qt->from_f32(a->x + (size_t)r * a->n, a->q + (size_t)r * a->lda, a->n);
+}
+
+/* The matrices multiplied next read these T rows of n floats. */
+static void act_begin(struct model_ctx *c, const float *x, int T, int n)
+{
+    c->act_x = x;
+    c->act_T = T;
+    c->act_n = n;
+    c->slot_type[0] = c->slot_type[1] = -1;
+}
+
+/* The current input in dot type dt (quantised once per input and type). */
+static const void *act_get(struct model_ctx *c, int dt, size_t *lda)
+{
+    if (dt == QT_F32 || c->f32ref) {
+        *lda = (size_t)c->act_n * 4;
+        return c->act_x;
+    }
+    for (int s = 0; s < 2; s++)
+        if (c->slot_type[s] == dt) {
+            *lda = c->slot_lda[s];
+            return c->actbuf[s];
+        }
+    int s = c->slot_next;
+    c->slot_next ^= 1;
+    struct quant_arg a = {c->act_x, c->act_n, dt, c->actbuf[s], quant_row_bytes(dt, c->act_n)};
+    rows_run(c, quant_rows, &a, c->act_T, (size_t)c->act_n);
+    c->slot_type[s] = dt;
+    c->slot_lda[s] = a.lda;
+    *lda = a.lda;
+    return c->actbuf[s];
+}
+
+/* ---- matrix products ---- */
+
+
+struct mm_batch {
+    struct model_ctx *c;
+    const struct mm_job *jobs;
+    int n_jobs;
+    int64_t cost;      /* Σ over jobs of row blocks × activation rows */
+};
+
+static void mm_slice(struct model_ctx *c, const struct mm_job *j, int r0, int r1, int ith)
+{
+    if (!c->f32ref || j->type == QT_F32) {
+        quant_gemm(j->type, j->n, j->w + (size_t)r0 * j->ldw, j->ldw, r1 - r0, j->a, j->lda, j->na,
+                   j->y + r0, j->ldy);
+        return;
+    }
+    /* float reference: dequantise a tile of rows, multiply F32 by F32 */
+    const struct quant_type *qt = quant_type(j->type);
+    float *tile = c->tscratch + (size_t)ith * c->tscratch_n;   /* (MM_ROWS, n) */
+    for (int r = r0; r < r1; r += MM_ROWS) {
+        int nr = r1 - r < MM_ROWS ? r1 - r : MM_ROWS;
+        for (int i = 0; i < nr; i++)
+            qt->to_f32(j->w + (size_t)(r + i) * j->ldw, tile + (size_t)i * j->n, j->n);
+        quant_gemm(QT_F32, j->n, tile, (size_t)j->n * 4, nr, j->a, j->lda, j->na, j->y + r, j->ldy);
+    }
+}
+
+/* Thread ith takes the row blocks whose cumulative cost starts in its share,
+ * so each thread reads one contiguous slice of each matrix. */
+static void mm_worker(void *p, int ith, int nth)
+{
+    const struct mm_batch *b = p;
+    int64_t lo = b->cost * ith / nth, hi = b->cost * (ith + 1) / nth, cum = 0;
+    for (int i = 0; i < b->n_jobs; i++) {
+        const struct mm_job *j = &b->jobs[i];
+        int64_t nb = (j->rows + MM_ROWS - 1) / MM_ROWS, cj = j->na;
+        int64_t b0 = lo <= cum ? 0 : (lo - cum + cj - 1) / cj;
+        int64_t b1 = hi <= cum ? 0 : (hi - cum + cj - 1) / cj;
+        if (b0 > nb) b0 = nb;
+        if (b1 > nb) b1 = nb;
+        if (b0 < b1) {
+            int r1 = (int)(b1 * MM_ROWS);
+            mm_slice(b->c, j, (int)(b0 * MM_ROWS), r1 < j->rows ? r1 : j->rows, ith);
+        }
+        cum += nb * cj;
+    }
+}
+
+static void mm_run(struct model_ctx *c, const struct mm_job *jobs, int n_jobs)
+{
+    struct mm_batch b = {c, jobs, n_jobs, 0};
+    for (int i = 0; i < n_jobs; i++)
+        b.cost += (int64_t)((jobs[i].rows + MM_ROWS - 1) / MM_ROWS) * jobs[i].na;
+    if (b.cost == 0)
+        return;
+    pool_run(c->pool, mm_worker, &b);
+}
+
+/* A job multiplying expert e of w by the current input (act_begin). */
+static struct mm_job mm_job(struct model_ctx *c, const struct mat *w, int e, float *y, size_t ldy)
+{
+    struct mm_job j = {w->data + (size_t)e * w->stride, w->type, w->n, w->rows, w->ldw,
+                       NULL, 0, c->act_T, y, ldy};
+    j.a = act_get(c, quant_type(w->type)->dot_type, &j.lda);
+    return j;
+}
+
+/* ==== the reference's summation orders and exp ====
+ * The test models amplify the last bit of every value that is later rounded
+ * to F16 (Q, K, V, probabilities), so the attention sums follow the exact
+ * association of the reference's AVX-512 kernels. Two shapes occur: "lane"
+ * sums with 16 accumulators (its tiled GEMM, used when a batch has two or
+ * more tokens) and "row" dot products with 4x16 accumulators and a double
+ * tail (its vector dot product, used for a single token). Lanes are written
+ * as plain arrays so the code is portable; each lane is an independent FMA
+ * chain, which the compiler vectorises without changing the result. */
+
+/* The horizontal sum of 16 lanes in the order of GCC's _mm512_reduce_add_ps. */
+static inline float red16(const float *a)
+{
+    float t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = a[i + 8] + a[i];
+    for (int i = 0; i < 4; i++)
+        u[i] = t[i + 4] + t[i];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+/* Σ a·b as the tiled GEMM forms it (n a multiple of 16). */
+static inline float dot_lanes(const float *a, const float *b, int n)
+{
+    float acc[16] = {0};
+    for (int c = 0; c < n; c += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] = fmaf(a[c + l], b[c + l], acc[l]);
+    return red16(acc);
+}
+
+/* Σ a·b as the vector dot product forms it: 4x16 lanes over whole blocks of
+ * 64, the lanes folded (0+2)+(1+3), then the tail added in double. */
+static inline float dot_rows(const float *a, const float *b, int n)
+{
+    float acc[4][16] = {{0}};
+    int np = n & ~63;
+    for (int i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++)
+                acc[j][l] = fmaf(a[i + 16 * j + l], b[i + 16 * j + l], acc[j][l]);
+    float f[16];
+    for (int l = 0; l < 16; l++)
+        f[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    double r = red16(f);
+    for (int i = np; i < n; i++)
+        r += (double)(a[i] * b[i]);
+    return (float)r;
+}
+
+/* expf as the reference's vector softmax and SiLU compute it: a degree-5
+ * polynomial on the reduced argument, scaled by 2^n (max error ~1.5 ulp). */
+static inline float exp_ref(float x)
+{
+    const float r = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, r);
+    float n = z - r;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                        fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                   u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192.0f)
+        return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
+/* In place: x[0..n) ← softmax(x), as the reference's soft_max row: exps of
+ * whole groups of 16 by exp_ref summed per group in float then in double,
+ * the rest by expf; 1/sum applied as a float. n16 is where the groups end
+ * (the reference's row is padded; entries past n are zero). */
+static void softmax_ref(float *x, int n, int n16)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    int j = 0;
+    for (; j < n && j + 16 <= n16; j += 16) {
+        float e[16] = {0};
+        for (int l = 0; l < 16 && j + l < n; l++)
+            e[l] = x[j + l] = exp_ref(x[j + l] - mx);
+        sum += (double)red16(e);
+    }
+    for (; j < n; j++) {
+        x[j] = expf(x[j] - mx);
+        sum += (double)x[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (j = 0; j < n; j++)
+        x[j] *= inv;
+}
+
+/* ==== elementwise steps ==== */
+
+/* RMSNorm with the reference's bit-level steps: squares in f32 summed in
+ * double, mean rounded to f32, scale = 1/sqrtf(mean + eps), then two
+ * separate f32 multiplications (the norm and the weight are two ops). */
+static void rms_norm(float *y, const float *x, const float *w, int n, float eps)
+{
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    float mean = (float)(sum / n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = (x[i] * scale) * w[i];
+}
+
+struct norm_arg {
+    const float *x;
+    float *y;
+    const float *w;
+};
+
+static void norm_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const struct norm_arg *a = p;
+    int D = c->m->hp.n_embd;
+    for (int r = r0; r < r1; r++)
+        rms_norm(a->y + (size_t)r * D, a->x + (size_t)r * D, a->w, D, c->m->hp.rms_eps);
+}
+
+/* cos/sin for every rotated pair at every position of the chunk. ggml forms
+ * θ step by step in f32 (θ₀ = p, θᵢ₊₁ = θᵢ·powf(base, −2/n_rot)) and divides
+ * by the frequency factor before scaling; the same steps give the same bits. */
+static void rope_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const int *pos = p;
+    const struct model *m = c->m;
+    int nr = m->hp.n_rot;
+    float theta_scale = powf(m->hp.rope_base, -2.0f / (float)nr);
+    for (int t = r0; t < r1; t++) {
+        float *cs = c->rope + (size_t)t * nr;
+        float theta = (float)(*pos + t);
+        for (int i = 0; i < nr / 2; i++) {
+            float th = m->rope_freqs ? theta / m->rope_freqs[i] : theta;
+            th = m->freq_scale * th;
+            cs[2 * i] = cosf(th);
+            cs[2 * i + 1] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+}
+
+/* Rotates the first n_rot dims of each E-wide head of x (n_heads heads). */
+static void rope_apply(const struct model_ctx *c, float *x, int n_heads, const float *cs)
+{
+    const struct model_hp *hp = &c->m->hp;
+    int E = hp->head_dim, half = hp->n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * E;
+        for (int i = 0; i < half; i++) {
+            int i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
+            float a = v[i0], b = v[i1], co = cs[2 * i], si = cs[2 * i + 1];
+            /* the reference's compiler contracts a·c − b·s and a·s + b·c into
+             * one fused multiply-add each, keeping the first product exact */
+            v[i0] = fmaf(a, co, -(b * si));
+            v[i1] = fmaf(a, si, b * co);
+        }
+    }
+}
+
+/* After the Q/K/V products: biases, per-head Q/K norms, RoPE. */
+static void qkv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const struct layer *ly = p;
+    const struct model_hp *hp = &c->m->hp;
+    int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv;
+    for (int t = r0; t < r1; t++) {
+        float *q = c->q + (size_t)t * H * E, *k = c->k + (size_t)t * K * E, *v = c->v + (size_t)t * K * E;
+        if (ly->bq)
+            for (int i = 0; i < H * E; i++) q[i] += ly->bq[i];
+        if (ly->bk)
+            for (int i = 0; i < K * E; i++) k[i] += ly->bk[i];
+        if (ly->bv)
+            for (int i = 0; i < K * E; i++) v[i] += ly->bv[i];
+        if (ly->q_norm) {
+            for (int h = 0; h < H; h++)
+                rms_norm(q + (size_t)h * E, q + (size_t)h * E, ly->q_norm, E, hp->rms_eps);
+            for (int h = 0; h < K; h++)
+                rms_norm(k + (size_t)h * E, k + (size_t)h * E, ly->k_norm, E, hp->rms_eps);
+        }
+        const float *cs = c->rope + (size_t)t * hp->n_rot;
+        rope_apply(c, q, H, cs);
+        rope_apply(c, k, K, cs);
+    }
+}
+
+/* x += y (+ b): the block output joins the residual stream. */
+struct resid_arg {
+    float *x;
+    const float *y, *b;
+};
+
+static void resid_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const struct resid_arg *a = p;
+    int D = c->m->hp.n_embd;
+    for (int t = r0; t < r1; t++) {
+        float *x = a->x + (size_t)t * D;
+        const float *y = a->y + (size_t)t * D;
+        if (a->b)
+            for (int i = 0; i < D; i++) x[i] = (y[i] + a->b[i]) + x[i];
+        else
+            for (int i = 0; i < D; i++) x[i] = y[i] + x[i];
+    }
+}
+
+/* g = silu(g) ⊙ u over rows of width n: whole groups of 16 with exp_ref
+ * (the reference's vector SiLU), the rest with expf. */
+static void swiglu_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    int n = *(const int *)p;
+    for (int r = r0; r < r1; r++) {
+        float *g = c->g + (size_t)r * n;
+        const float *u = c->u + (size_t)r * n;
+        int i = 0;
+        for (; i < (n & ~15); i++)
+            g[i] = (g[i] / (1.0f + exp_ref(0.0f - g[i]))) * u[i];
+        for (; i < n; i++)
+            g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    }
+}
+
+/* ==== attention: contiguous KV cache, causal, GQA ==== */
+
+static inline void f16_to_f32_row(const uint16_t *x, float *y, int n)
+{
+    int i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+#endif
+    for (; i < n; i++)
+        y[i] = quant_f16_to_f32(x[i]);
+}
+
+static inline void f32_to_f16_row(const float *x, uint16_t *y, int n)
+{
+    int i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++)
+        y[i] = quant_f32_to_f16(x[i]);
+}
+
+/* y = x rounded to F16 and back (y may be x). */
+static inline void round_f16_row(const float *x, float *y, int n)
+{
+    int i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                 _MM_FROUND_TO_NEAREST_INT)));
+#endif
+    for (; i < n; i++)
+        y[i] = quant_f16_to_f32(quant_f32_to_f16(x[i]));
+}
+
+struct attn_arg {
+    struct model_ctx *c;
+    int layer, T, pos, q0;
+};
+
+/* One task = one query row t and one kv head; the G query heads sharing it
+ * are done together so each K/V row is converted once. The reference's
+ * non-flash path: Q rounded to F16 (F16 cache) for K·Q, scores scaled in
+ * F32, softmax as softmax_ref over its padded row of cells, probabilities
+ * rounded to F16 for P·V. Which summation order each product takes depends
+ * on the batch size and the padded cell count, as in the reference. */
+static void attn_worker(void *p, int ith, int nth)
+{
+    const struct attn_arg *a = p;
+    struct model_ctx *c = a->c;
+    const struct model_hp *hp = &c->m->hp;
+    int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv, G = H / K;
+    int f16 = c->kv_type == KV_F16;
+    size_t lrow = (size_t)K * E, C = (size_t)c->n_ctx;
+    const uint8_t *kc = c->k_cache + (size_t)a->layer * C * lrow * c->kv_elt;
+    const uint8_t *vc = c->v_cache + (size_t)a->layer * C * lrow * c->kv_elt;
+    double *tail = (double *)(c->tscratch + (size_t)ith * c->tscratch_n); /* (G, E) */
+    float *s = (float *)(tail + (size_t)G * E);             /* (G, C) scores */
+    float *qf = s + (size_t)G * C;                          /* (G, E) */
+    float *row = qf + (size_t)G * E;                        /* (E) */
+    float *acc = row + E;                                   /* (G, 64, E) lane sums */
+    float kq_scale = 1.0f / sqrtf((float)E);
+    /* the reference attends over cells padded to 256 (at most the cache) */
+    int used = a->pos + a->T, nkv = (used + 255) & ~255;
+    nkv = nkv < c->n_ctx ? nkv : c->n_ctx;
+    int kq_lanes = f16 && a->T >= 2 && E % 16 == 0 && nkv % 4 == 0;
+    int pv_lanes = a->T >= 2 && nkv % 16 == 0 && E % 4 == 0;
+    int n_acc = pv_lanes ? 16 : 64, np = pv_lanes ? used : nkv & ~63;
+    int n_tasks = (a->T - a->q0) * K;
+    /* tasks dealt round-robin: later queries see more cells */
+    for (int task = ith; task < n_tasks; task += nth) {
+        int t = a->q0 + task / K, kh = task % K, n_kv = a->pos + t + 1;
+        for (int g = 0; g < G; g++) {
+            const float *q = c->q + (size_t)t * H * E + (size_t)(kh * G + g) * E;
+            if (f16)
+                round_f16_row(q, qf + (size_t)g * E, E);
+            else
+                memcpy(qf + (size_t)g * E, q, (size_t)E * 4);
+        }
+        for (int j = 0; j < n_kv; j++) {
+            const uint8_t *kr = kc + ((size_t)j * lrow + (size_t)kh * E) * c->kv_elt;
+            const float *kf = (const float *)kr;
+            if (f16) {
+                f16_to_f32_row((const uint16_t *)kr, row, E);
+                kf = row;
+            }
+            for (int g = 0; g < G; g++) {
+                const float *qg = qf + (size_t)g * E;
+                float d = kq_lanes ? dot_lanes(kf, qg, E) : dot_rows(kf, qg, E);
+                s[(size_t)g * C + j] = d * kq_scale;
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            softmax_ref(s + (size_t)g * C, n_kv, nkv & ~15);
+            if (f16)
+                round_f16_row(s + (size_t)g * C, s + (size_t)g * C, n_kv);
+        }
+        /* out[e] = Σ_j p_j·v_j[e]: cell j feeds lane j mod n_acc (below np),
+         * the rest is the double tail of the row-dot form */
+        memset(acc, 0, (size_t)G * n_acc * E * sizeof(float));
+        int has_tail = n_kv > np;
+        if (has_tail)
+            memset(tail, 0, (size_t)G * E * sizeof(double));
+        for (int j = 0; j < n_kv; j++) {
+            const uint8_t *vr = vc + ((size_t)j * lrow + (size_t)kh * E) * c->kv_elt;
+            const float *vf = (const float *)vr;
+            if (f16) {
+                f16_to_f32_row((const uint16_t *)vr, row, E);
+                vf = row;
+            }
+            for (int g = 0; g < G; g++) {
+                float pj = s[(size_t)g * C + j];
+                if (j < np) {
+                    float *ac = acc + ((size_t)g * n_acc + (size_t)(j % n_acc)) * E;
+                    for (int e = 0; e < E; e++)
+                        ac[e] = fmaf(vf[e], pj, ac[e]);
+                } else {
+                    for (int e = 0; e < E; e++)
+                        tail[(size_t)g * E + e] += (double)(vf[e] * pj);
+                }
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            float *out = c->ao + (size_t)t * H * E + (size_t)(kh * G + g) * E;
+            const float *ag = acc + (size_t)g * n_acc * E;
+            for (int e = 0; e < E; e++) {
+                float f[16];
+                for (int l = 0; l < 16; l++)
+                    f[l] = pv_lanes ? ag[(size_t)l * E + e]
+                                    : (ag[(size_t)l * E + e] + ag[(size_t)(32 + l) * E + e]) +
+                                      (ag[(size_t)(16 + l) * E + e] + ag[(size_t)(48 + l) * E + e]);
+                if (pv_lanes) {
+                    out[e] = red16(f);
+                } else {
+                    double r = red16(f);
+                    if (has_tail)
+                        r += tail[(size_t)g * E + e];
+                    out[e] = (float)r;
+                }
+            }
+        }
+    }
+}
+
+static void kv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const struct attn_arg *a = p;
+    const struct model_hp *hp = &c->m->hp;
+    size_t lrow = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t base = ((size_t)a->layer * c->n_ctx + (size_t)a->pos) * lrow;
+    for (int t = r0; t < r1; t++) {
+        size_t off = (base + (size_t)t * lrow) * c->kv_elt;
+        if (c->kv_type == KV_F16) {
+            f32_to_f16_row(c->k + (size_t)t * lrow, (uint16_t *)(c->k_cache + off), (int)lrow);
+            f32_to_f16_row(c->v + (size_t)t * lrow, (uint16_t *)(c->v_cache + off), (int)lrow);
+        } else {
+            memcpy(c->k_cache + off, c->k + (size_t)t * lrow, lrow * 4);
+            memcpy(c->v_cache + off, c->v + (size_t)t * lrow, lrow * 4);
+        }
+    }
+}
+
+/* The attention of one layer for the chunk: stores its K/V rows (T, K*E) in
+ * cells pos..pos+T-1, then for query rows q0..T-1 of c->q (T, H*E) writes
+ * c->ao (T, H*E) from cells 0..pos+t. This is the one place that knows the
+ * cache layout. */
+static void attn_forward(struct model_ctx *c, int layer, int T, int pos, int q0)
+{
+    struct attn_arg arg = {c, layer, T, pos, q0};
+    const struct model_hp *hp = &c->m->hp;
+    rows_run(c, kv_rows, &arg, T, (size_t)hp->n_head_kv * hp->head_dim);
+    if (q0 < T)
+        pool_run(c->pool, attn_worker, &arg);
+}
+
+/* ==== one forward pass over a chunk ==== */
+
+static void ffn_dense(struct model_ctx *c, const struct layer *ly, int n)
+{
+    const struct model_hp *hp = &c->m->hp;
+    int F = hp->n_ff;
+    act_begin(c, c->xn, n, hp->n_embd);
+    struct mm_job jobs[2] = {mm_job(c, &ly->gate, 0, c->g, F), mm_job(c, &ly->up, 0, c->u, F)};
+    mm_run(c, jobs, 2);
+    rows_run(c, swiglu_rows, &F, n, (size_t)F);
+    act_begin(c, c->g, n, F);
+    struct mm_job down = mm_job(c, &ly->down, 0, c->xn, hp->n_embd);
+    mm_run(c, &down, 1);
+}
+
+/* Router: softmax over the experts (sum in double, as the reference's
+ * soft_max), top-U by probability (ties to the lower id), weights
+ * renormalised over the chosen ones (sum clamped below at 2^-14). */
+static void route_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)p, (void)ith;
+    const struct model_hp *hp = &c->m->hp;
+    int X = hp->n_expert, U = hp->n_expert_used;
+    for (int t = r0; t < r1; t++) {
+        float *pr = c->router + (size_t)t * X, mx = -INFINITY;
+        for (int e = 0; e < X; e++)
+            mx = pr[e] > mx ? pr[e] : mx;
+        double sum = 0.0;
+        for (int e = 0; e < X; e++) {
+            pr[e] = expf(pr[e] - mx);
+            sum += (double)pr[e];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int e = 0; e < X; e++)
+            pr[e] *= inv;
+        int *sel = c->sel + (size_t)t * U;
+        float *w = c->selw + (size_t)t * U;
+        double wsum = 0.0;
+        for (int k = 0; k < U; k++) {
+            int best = -1;
+            for (int e = 0; e < X; e++) {
+                int taken = 0;
+                for (int i = 0; i < k; i++)
+                    taken |= sel[i] == e;
+                if (!taken && (best < 0 || pr[e] > pr[best]))
+                    best = e;
+            }
+            sel[k] = best;
+            w[k] = pr[best];
+            wsum += (double)w[k];
+        }
+        float ws = (float)wsum;
+        if (ws < 6.103515625e-5f)
+            ws = 6.103515625e-5f;
+        for (int k = 0; k < U; k++)
+            w[k] = w[k] / ws;
+    }
+}
+
+/* out[t] = Σ_k w[t][k]·eo[row(t,k)] summed in the order chosen, then the
+ * residual: the reference multiplies each expert's output by its weight and
+ * adds the U results one after another. */
+static void moe_sum_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)p, (void)ith;
+    const struct model_hp *hp = &c->m->hp;
+    int D = hp->n_embd, U = hp->n_expert_used;
+    for (int t = r0; t < r1; t++) {
+        float *x = c->x + (size_t)t * D;
+        const int *rows = c->selrow + (size_t)t * U;
+        const float *w = c->selw + (size_t)t * U;
+        for (int i = 0; i < D; i++) {
+            float acc = c->eo[(size_t)rows[0] * D + i] * w[0];
+            for (int k = 1; k < U; k++)
+                acc = acc + c->eo[(size_t)rows[k] * D + i] * w[k];
+            x[i] = acc + x[i];
+        }
+    }
+}
+
+/* Copies each token's activation row (in the gate/up dot type) to the rows
+ * of the experts it chose, so each expert multiplies one contiguous block. */
+static const void *moe_gather(struct model_ctx *c, int n, int dt, size_t *lda)
+{
+    const struct model_hp *hp = &c->m->hp;
+    int U = hp->n_expert_used;
+    size_t rb;
+    const uint8_t *src = act_get(c, dt, &rb);
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < U; k++)
+            memcpy(c->gath + (size_t)c->selrow[(size_t)t * U + k] * rb, src + (size_t)t * rb, rb);
+    *lda = rb;
+    return c->gath;
+}
+
+/* Jobs multiplying each used expert of w by its gathered rows of a. */
+static int moe_jobs(struct model_ctx *c, const struct mat *w, const uint8_t *a, size_t lda,
+                    float *y, size_t ldy, struct mm_job *jobs)
+{
+    int nj = 0;
+    for (int e = 0; e < c->m->hp.n_expert; e++) {
+        if (!c->ecount[e])
+            continue;
+        struct mm_job j = {w->data + (size_t)e * w->stride, w->type, w->n, w->rows, w->ldw,
+                           a + (size_t)c->eoff[e] * lda, lda, c->ecount[e],
+                           y + (size_t)c->eoff[e] * ldy, ldy};
+        jobs[nj++] = j;
+    }
+    return nj;
+}
+
+static void ffn_moe(struct model_ctx *c, const struct layer *ly, int n)
+{
+    const struct model_hp *hp = &c->m->hp;
+    int D = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used, Fe = hp->n_ff_exp;
+    act_begin(c, c->xn, n, D);
+    struct mm_job r = mm_job(c, &ly->gate_inp, 0, c->router, X);
+    mm_run(c, &r, 1);
+    rows_run(c, route_rows, NULL, n, (size_t)X * 8);
+
+    /* group the (token, choice) pairs by expert: row selrow[t*U+k] */
+    memset(c->ecount, 0, (size_t)X * sizeof(int));
+    for (int i = 0; i < n * U; i++)
+        c->ecount[c->sel[i]]++;
+    for (int e = 0, off = 0; e < X; e++) {
+        c->eoff[e] = off;
+        off += c->ecount[e];
+        c->ecount[e] = 0;
+    }
+    for (int i = 0; i < n * U; i++) {
+        int e = c->sel[i];
+        c->selrow[i] = c->eoff[e] + c->ecount[e]++;
+    }
+
+    /* gate and up of every chosen expert in one batch (two when their
+     * activation types differ, as the gathered rows serve both) */
+    int dtg = quant_type(ly->gate_exps.type)->dot_type, dtu = quant_type(ly->up_exps.type)->dot_type;
+    size_t lda;
+    const uint8_t *a = moe_gather(c, n, dtg, &lda);
+    int nj = moe_jobs(c, &ly->gate_exps, a, lda, c->g, (size_t)Fe, c->jobs);
+    if (dtu != dtg && !c->f32ref) {
+        mm_run(c, c->jobs, nj);
+        nj = 0;
+        a = moe_gather(c, n, dtu, &lda);
+    }
+    nj += moe_jobs(c, &ly->up_exps, a, lda, c->u, (size_t)Fe, c->jobs + nj);
+    mm_run(c, c->jobs, nj);
+    rows_run(c, swiglu_rows, &Fe, n * U, (size_t)Fe);
+
+    act_begin(c, c->g, n * U, Fe);
+    a = act_get(c, quant_type(ly->down_exps.type)->dot_type, &lda);
+    nj = moe_jobs(c, &ly->down_exps, a, lda, c->eo, (size_t)D, c->jobs);
+    mm_run(c, c->jobs, nj);
+    rows_run(c, moe_sum_rows, NULL, n, (size_t)D * U);
+}
+
+/* Token embeddings of the chunk into c->x (dequantised rows). */
+static void embed_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const int32_t *tokens = p;
+    const struct mat *w = &c->m->tok_embd;
+    const struct quant_type *qt = quant_type(w->type);
+    for (int t = r0; t < r1; t++)
+        qt->to_f32(w->data + (size_t)tokens[t] * w->ldw, c->x + (size_t)t * w->n, w->n);
+}
+
+/* One block over the chunk's T rows; the part after attention runs only for
+ * rows r0..T-1 (the last layer computes just the rows whose logits are asked). */
+static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
+{
+    const struct model_hp *hp = &c->m->hp;
+    const struct layer *ly = &c->m->layers[il];
+    int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
+
+    struct norm_arg na = {c->x, c->xn, ly->attn_norm};
+    rows_run(c, norm_rows, &na, T, (size_t)D);
+    act_begin(c, c->xn, T, D);
+    struct mm_job qkv[3] = {mm_job(c, &ly->wq, 0, c->q, HE), mm_job(c, &ly->wk, 0, c->k, KE),
+                            mm_job(c, &ly->wv, 0, c->v, KE)};
+    mm_run(c, qkv, 3);
+    rows_run(c, qkv_rows, ly, T, (size_t)(HE + 2 * KE));
+    attn_forward(c, il, T, pos, r0);
+    int n = T - r0;
+    if (n <= 0)
+        return;
+
+    float *x = c->x + (size_t)r0 * D;
+    act_begin(c, c->ao + (size_t)r0 * HE, n, HE);
+    struct mm_job wo = mm_job(c, &ly->wo, 0, c->xn, D);
+    mm_run(c, &wo, 1);
+    struct resid_arg ra = {x, c->xn, ly->bo};
+    rows_run(c, resid_rows, &ra, n, (size_t)D);
+
+    struct norm_arg nf = {x, c->xn, ly->ffn_norm};
+    rows_run(c, norm_rows, &nf, n, (size_t)D);
+    if (ly->moe) {
+        /* the MoE path sums into c->x itself: point it at the live rows */
+        float *x0 = c->x;
+        c->x = x;
+        ffn_moe(c, ly, n);
+        c->x = x0;
+    } else {
+        ffn_dense(c, ly, n);
+        struct resid_arg rf = {x, c->xn, NULL};
+        rows_run(c, resid_rows, &rf, n, (size_t)D);
+    }
+}
+
+/* Runs tokens[0..T) at positions pos.. and writes the logits of rows
+ * out0..T-1 to logits (rows of V); out0 = T asks for none. */
+static void forward_chunk(struct model_ctx *c, const int32_t *tokens, int T, int pos, int out0,
+                          float *logits)
+{
+    const struct model *m = c->m;
+    const struct model_hp *hp = &m->hp;
+    int D = hp->n_embd, V = hp->n_vocab;
+    rows_run(c, embed_rows, tokens, T, (size_t)D);
+    rows_run(c, rope_rows, &pos, T, (size_t)hp->n_rot * 8);
+    for (int il = 0; il < hp->n_layer; il++)
+        layer_forward(c, il, T, pos, il == hp->n_layer - 1 ? out0 : 0);
+    int n = T - out0;
+    if (n <= 0)
+        return;
+    struct norm_arg na = {c->x + (size_t)out0 * D, c->xn, m->output_norm};
+    rows_run(c, norm_rows, &na, n, (size_t)D);
+    act_begin(c, c->xn, n, D);
+    struct mm_job head = mm_job(c, &m->output, 0, logits, (size_t)V);
+    mm_run(c, &head, 1);
+    if (m->output_b)
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < V; i++)
+                logits[(size_t)t * V + i] += m->output_b[i];
+}
+
+int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos, float *logits,
+               int all_logits, char *err, size_t errlen)
+{
+    const struct model_hp *hp = &c->m->hp;
+    if (n <= 0)
+        return model_fail(err, errlen, "nothing to evaluate (%d tokens)", n);
+    if (pos < 0 || pos > c->n_past)
+        return model_fail(err, errlen, "position %d is past the %d cells in use", pos, c->n_past);
+    if (n > c->n_ctx - pos)
+        return model_fail(err, errlen, "context full: %d tokens at position %d exceed %d cells",
+                          n, pos, c->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return model_fail(err, errlen, "token id %" PRId32 " out of range (vocabulary of %d)",
+                              tokens[i], hp->n_vocab);
+    c->n_past = pos;
+    for (int done = 0; done < n;) {
+        int T = n - done < c->t_max ? n - done : c->t_max;
+        int last = done + T == n;
+        int out0 = !logits ? T : all_logits ? 0 : last ? T - 1 : T;
+        float *lg = logits && all_logits ? logits + (size_t)done * hp->n_vocab : logits;
+        forward_chunk(c, tokens + done, T, pos + done, out0, lg);
+        done += T;
+        c->n_past = pos + done;
+    }
+    return 0;
+}
+
+/* ==== Public API: one sequence, one sampler ==== */
+
+struct strata {
+    struct model *m;
+    struct model_ctx *c;
+    struct pool *pool;
+    struct sampler *smp;
+    struct sample_params sp;  /* what smp was made with */
+    float *logits;            /* (V) of the last token evaluated */
+    int32_t *hist;            /* (C) the tokens of the sequence */
+    int n_past, have_logits;
+    char err[256];
+};
+
+struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, char *err, size_t errlen)
+{
+    struct strata *s = calloc(1, sizeof *s);
+    if (!s) {
+        model_fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (model_load(&s->m, model_path, err, errlen) != 0)
+        goto fail;
+    if (!s->m->tok) {
+        model_fail(err, errlen, "%s has no tokenizer", model_path);
+        goto fail;
+    }
+    if (n_ctx <= 0)
+        n_ctx = s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096;
+    if (n_threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc > 0 ? (int)nc : 1;
+    }
+    s->pool = pool_new(n_threads);
+    s->logits = malloc((size_t)s->m->hp.n_vocab * sizeof(float));
+    s->hist = malloc((size_t)n_ctx * sizeof(int32_t));
+    if (!s->pool || !s->logits || !s->hist) {
+        model_fail(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (model_ctx_new(&s->c, s->m, n_ctx, KV_F16, s->pool, err, errlen) != 0)
+        goto fail;
+    return s;
+fail:
+    strata_free(s);
+    return NULL;
+}
+
+int32_t *strata_tokenize(struct strata *s, const char *text, int *n)
+{
+    const struct tok *t = s->m->tok;
+    return tok_encode(t, text, strlen(text), 1, 1, n, s->err, sizeof s->err);
+}
+
+const float *strata_eval(struct strata *s, const int32_t *tokens, int n)
+{
+    if (model_eval(s->c, tokens, n, s->n_past, s->logits, 0, s->err, sizeof s->err) != 0)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        s->hist[s->n_past + i] = tokens[i];
+        if (s->smp)
+            sample_accept(s->smp, tokens[i]);
+    }
+    s->n_past += n;
+    s->have_logits = 1;
+    return s->logits;
+}
+
+static int same_params(const struct sample_params *a, const struct sample_params *b)
+{
+    return a->temp == b->temp && a->top_k == b->top_k && a->top_p == b->top_p &&
+           a->min_p == b->min_p && a->repeat_penalty == b->repeat_penalty &&
+           a->presence_penalty == b->presence_penalty &&
+           a->frequency_penalty == b->frequency_penalty && a->repeat_last_n == b->repeat_last_n &&
+           a->seed == b->seed;
+}
+
+int32_t strata_sample(struct strata *s, const struct sample_params *p)
+{
+    if (!s->have_logits) {
+        snprintf(s->err, sizeof s->err, "strata_sample: nothing evaluated yet");
+        return -1;
+    }
+    if (!s->smp || !same_params(&s->sp, p)) {
+        /* a new sampler sees the sequence so far as its penalty history */
+        if (s->smp)
+            sample_free(s->smp);
+        s->smp = sample_new(p, s->m->hp.n_vocab);
+        if (!s->smp) {
+            snprintf(s->err, sizeof s->err, "out of memory");
+            return -1;
+        }
+        s->sp = *p;
+        for (int i = 0; i < s->n_past; i++)
+            sample_accept(s->smp, s->hist[i]);
+    }
+    return sample_next(s->smp, s->logits);
+}
+
+const char *strata_error(const struct strata *s)
+{
+    return s->err;
+}
+
+void strata_free(struct strata *s)
+{
+    if (!s)
+        return;
+    if (s->smp)
+        sample_free(s->smp);
+    model_ctx_free(s->c);
+    pool_free(s->pool);
+    model_free(s->m);
+    free(s->logits);
+    free(s->hist);
+    free(s);
+}

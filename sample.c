@@ -1,2 +1,300 @@
-/* sample.c */
+/*
+ * sample.c — samplers (the reference engine's default chain) and
+ * log-probabilities.
+ *
+ * Chain, in llama.cpp's default order: penalties → top-k → top-p → min-p →
+ * temperature → a seeded draw. temp <= 0 is greedy: the highest (penalised)
+ * logit, ties to the lowest id. Owns its buffers (allocated once in
+ * sample_new); never touches the caller's logits; no model code, no I/O.
+ * V is the vocabulary size.
+ */
 #include "strata.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cand {
+    int32_t id;
+    float logit;
+};
+
+struct sampler {
+    struct sample_params p;
+    int n_vocab;
+    uint64_t rng[4];     /* xoshiro256** state */
+    int32_t *hist;       /* (repeat_last_n) ring of the last accepted ids */
+    int n_hist, hist_at;
+    int *count;          /* (V) occurrences of each id in hist */
+    struct cand *cand;   /* (V) the candidates of one call */
+};
+
+/* ==== the generator: xoshiro256**, seeded through splitmix64 ==== */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static double rng_uniform(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+/* ==== the sampler ==== */
+
+struct sampler *sample_new(const struct sample_params *p, int n_vocab)
+{
+    if (n_vocab <= 0)
+        return NULL;
+    struct sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    if (s->p.repeat_last_n < 0)
+        s->p.repeat_last_n = 0;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix64(&x);
+    s->count = calloc((size_t)n_vocab, sizeof *s->count);
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->hist = malloc((size_t)(s->p.repeat_last_n ? s->p.repeat_last_n : 1) * sizeof *s->hist);
+    if (!s->count || !s->cand || !s->hist) {
+        sample_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void sample_free(struct sampler *s)
+{
+    if (!s)
+        return;
+    free(s->count);
+    free(s->cand);
+    free(s->hist);
+    free(s);
+}
+
+void sample_accept(struct sampler *s, int32_t id)
+{
+    int w = s->p.repeat_last_n;
+    if (w == 0 || id < 0 || id >= s->n_vocab)
+        return;
+    if (s->n_hist == w)
+        s->count[s->hist[s->hist_at]]--; /* the oldest id leaves the window */
+    else
+        s->n_hist++;
+    s->hist[s->hist_at] = id;
+    s->count[id]++;
+    s->hist_at = (s->hist_at + 1) % w;
+}
+
+/* Repetition penalty (divides positive logits, multiplies the others) and
+ * frequency/presence penalties, once per distinct id in the window. cand is
+ * still indexed by id. */
+static void apply_penalties(struct sampler *s)
+{
+    const struct sample_params *p = &s->p;
+    if (s->n_hist == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                           p->presence_penalty == 0.0f))
+        return;
+    /* a count is negated once its id is done, then restored */
+    for (int k = 0; k < s->n_hist; k++) {
+        int32_t id = s->hist[k];
+        int c = s->count[id];
+        if (c <= 0)
+            continue;
+        float *l = &s->cand[id].logit;
+        if (*l <= 0)
+            *l *= p->repeat_penalty;
+        else
+            *l /= p->repeat_penalty;
+        *l -= (float)c * p->frequency_penalty + p->presence_penalty;
+        s->count[id] = -c;
+    }
+    for (int k = 0; k < s->n_hist; k++)
+        if (s->count[s->hist[k]] < 0)
+            s->count[s->hist[k]] = -s->count[s->hist[k]];
+}
+
+/* the candidate order: higher logit first, then lower id */
+static int better(const struct cand *a, const struct cand *b)
+{
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int cmp_cand(const void *a, const void *b)
+{
+    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+}
+
+/* Moves the k best of c[0..n) into c[0..k) (unordered): a heap of the k
+ * best so far, its root the worst of them. O(n log k). */
+static void select_top_k(struct cand *c, int n, int k)
+{
+    for (int i = k / 2 - 1; i >= 0; i--) {
+        for (int at = i;;) {
+            int l = 2 * at + 1, w = at;
+            if (l < k && better(&c[w], &c[l]))
+                w = l;
+            if (l + 1 < k && better(&c[w], &c[l + 1]))
+                w = l + 1;
+            if (w == at)
+                break;
+            struct cand t = c[at];
+            c[at] = c[w];
+            c[w] = t;
+            at = w;
+        }
+    }
+    for (int i = k; i < n; i++) {
+        if (!better(&c[i], &c[0]))
+            continue;
+        c[0] = c[i];
+        for (int at = 0;;) {
+            int l = 2 * at + 1, w = at;
+            if (l < k && better(&c[w], &c[l]))
+                w = l;
+            if (l + 1 < k && better(&c[w], &c[l + 1]))
+                w = l + 1;
+            if (w == at)
+                break;
+            struct cand t = c[at];
+            c[at] = c[w];
+            c[w] = t;
+            at = w;
+        }
+    }
+}
+
+int32_t sample_next(struct sampler *s, const float *logits)
+{
+    const struct sample_params *p = &s->p;
+    struct cand *c = s->cand;
+    int n = s->n_vocab;
+    for (int i = 0; i < n; i++) {
+        c[i].id = i;
+        c[i].logit = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN never wins */
+    }
+    apply_penalties(s);
+
+    if (p->temp <= 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (c[i].logit > c[best].logit)
+                best = i;
+        return c[best].id;
+    }
+
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top_k(c, n, p->top_k);
+        n = p->top_k;
+    }
+    int arg = 0;
+    for (int i = 1; i < n; i++)
+        if (better(&c[i], &c[arg]))
+            arg = i;
+    float max = c[arg].logit;
+    if (max == -INFINITY)
+        return c[arg].id; /* nothing has any probability: the lowest id */
+
+    /* top-p's probabilities are over every candidate left by top-k */
+    double sum = 0;
+    if (p->top_p < 1.0f)
+        for (int i = 0; i < n; i++)
+            sum += exp((double)c[i].logit - max);
+
+    /* min-p keeps logits >= max + ln(min_p). Both it and top-p keep a prefix
+     * of the sorted order, and min-p runs after top-p, so the result is the
+     * shorter prefix: dropping min-p's losers first changes nothing and
+     * leaves only a few candidates to sort. */
+    if (p->min_p > 0) {
+        float thr = fminf(max + logf(p->min_p), max); /* the best always stays */
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].logit >= thr)
+                c[m++] = c[i];
+        n = m;
+    }
+    if (p->top_p < 1.0f) {
+        qsort(c, (size_t)n, sizeof *c, cmp_cand);
+        double cum = 0;
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - max) / sum;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+
+    /* temperature, then a draw from the softmax of what is left */
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].logit /= p->temp;
+        total += exp((double)c[i].logit - max / p->temp);
+    }
+    double target = total * rng_uniform(s->rng), run = 0;
+    for (int i = 0; i < n; i++) {
+        run += exp((double)c[i].logit - max / p->temp);
+        if (run > target)
+            return c[i].id;
+    }
+    return c[n - 1].id; /* only reached through rounding of the last sum */
+}
+
+float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample_top *top, int n_top)
+{
+    float max = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    /* the sum in double: with V ~ 1e5 terms float would lose ~1e-3 relative */
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++)
+        sum += exp((double)logits[i] - max);
+    double lse = max + log(sum);
+
+    if (n_top > n_vocab)
+        n_top = n_vocab;
+    int have = 0;
+    for (int i = 0; i < n_vocab && n_top > 0; i++) {
+        float l = logits[i];
+        /* ids arrive in increasing order, so a tie never displaces an entry */
+        if (have == n_top && !(l > top[have - 1].logprob))
+            continue;
+        int at = have < n_top ? have++ : n_top - 1;
+        while (at > 0 && l > top[at - 1].logprob) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at].id = i;
+        top[at].logprob = l;
+    }
+    for (int k = 0; k < have; k++)
+        top[k].logprob = (float)(top[k].logprob - lse);
+    return (float)((double)logits[id] - lse);
+}

@@ -1,3 +1,989 @@
-/* strata.c */
+/*
+ * strata.c — the command line: generate, tokenize, perplexity, info, bench,
+ * synth.
+ *
+ * Every command writes only its result to stdout; logs, progress, timings and
+ * warnings go to stderr. Each error is one line on stderr and a non-zero exit.
+ * This file parses options and drives the subsystems through strata.h; it
+ * holds no model, tokenizer or sampling logic of its own. V is the vocabulary.
+ */
 #include "strata.h"
-int main(void){return 0;}
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_CTX_CAP 4096  /* default context: the model's, at most this */
+#define PPL_DEFAULT_CTX 512   /* perplexity's default window */
+#define PPL_LOGIT_BYTES (256u << 20) /* logits buffer bound for perplexity */
+#define BENCH_BW_BYTES (1ull << 30)  /* bandwidth buffer: far beyond the caches */
+
+static const char usage[] =
+    "usage: strata COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate   -m MODEL (-p TEXT | -f FILE) [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+    "             [--min-p P] [--seed S] [--repeat-penalty R] [--repeat-last-n N]\n"
+    "             [--presence-penalty P] [--frequency-penalty P] [--logprobs N]\n"
+    "             [--no-special] [--json]\n"
+    "  tokenize   -m MODEL (-p TEXT | -f FILE) [--no-bos] [--no-special] [--json]\n"
+    "  perplexity -m MODEL -f FILE [-c N] [--json]\n"
+    "  info       -m MODEL\n"
+    "  bench      -m MODEL [-p N] [-n N] [-r REPS]\n"
+    "  synth      --arch A | --shape S [--set K=V] [--type T] [--vocab F] -o F\n"
+    "  help       this text\n"
+    "\n"
+    "shared options:\n"
+    "  -m MODEL         GGUF model file\n"
+    "  -t THREADS       threads (default: the cores)\n"
+    "  -c, --ctx N      context length (default: the model's, at most 4096;\n"
+    "                   perplexity: the window, default 512)\n"
+    "  --kv f16|f32     KV cache cells (default f16)\n"
+    "\n"
+    "generate defaults: -n 128 --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05\n"
+    "--repeat-penalty 1 --repeat-last-n 64 (-1: the context), a random seed\n"
+    "(printed to stderr); --temp 0 is greedy.\n";
+
+/* ==== errors and small helpers ==== */
+
+__attribute__((format(printf, 1, 2)))
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("strata: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 1;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static double mib(size_t bytes)
+{
+    return bytes / 1048576.0;
+}
+
+/* Whole file into a malloc'd buffer (NUL-terminated); NULL with errno set. */
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                errno = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int bad = buf && ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    if (buf) {
+        buf[n] = 0;
+        *len = n;
+    }
+    return buf;
+}
+
+/* A JSON number; JSON has no infinities or NaN, so those become null. */
+static void put_num(FILE *f, double v, const char *fmt)
+{
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
+/* ==== options ==== */
+
+enum { C_GEN = 1, C_TOK = 2, C_PPL = 4, C_INFO = 8, C_BENCH = 16, C_ALL = 31 };
+enum { O_STR, O_INT, O_FLOAT, O_U64, O_FLAG, O_KV };
+
+struct opts {
+    const char *model, *prompt, *file;
+    int threads, n_ctx, kv;
+    int n_predict, n_prompt, reps;
+    int logprobs, no_special, no_bos, json, have_seed;
+    struct sample_params sp;
+};
+
+struct flag {
+    const char *name, *alias;
+    int kind;
+    size_t off;
+    unsigned cmds;
+    long min, max;        /* O_INT bounds */
+};
+
+#define OFF(field) offsetof(struct opts, field)
+static const struct flag flags[] = {
+    { "-m", "--model", O_STR, OFF(model), C_ALL, 0, 0 },
+    { "-t", "--threads", O_INT, OFF(threads), C_ALL, 1, 1024 },
+    { "-c", "--ctx", O_INT, OFF(n_ctx), C_ALL, 1, 1 << 24 },
+    { "--kv", NULL, O_KV, OFF(kv), C_ALL, 0, 0 },
+    { "-p", "--prompt", O_STR, OFF(prompt), C_GEN | C_TOK, 0, 0 },
+    { "-f", "--file", O_STR, OFF(file), C_GEN | C_TOK | C_PPL, 0, 0 },
+    { "-n", "--n-predict", O_INT, OFF(n_predict), C_GEN | C_BENCH, 0, 1 << 24 },
+    { "-p", "--n-prompt", O_INT, OFF(n_prompt), C_BENCH, 0, 1 << 24 },
+    { "-r", "--reps", O_INT, OFF(reps), C_BENCH, 1, 1000 },
+    { "--temp", NULL, O_FLOAT, OFF(sp.temp), C_GEN, 0, 0 },
+    { "--top-k", NULL, O_INT, OFF(sp.top_k), C_GEN, -1, 1 << 24 },
+    { "--top-p", NULL, O_FLOAT, OFF(sp.top_p), C_GEN, 0, 0 },
+    { "--min-p", NULL, O_FLOAT, OFF(sp.min_p), C_GEN, 0, 0 },
+    { "--repeat-penalty", NULL, O_FLOAT, OFF(sp.repeat_penalty), C_GEN, 0, 0 },
+    { "--presence-penalty", NULL, O_FLOAT, OFF(sp.presence_penalty), C_GEN, 0, 0 },
+    { "--frequency-penalty", NULL, O_FLOAT, OFF(sp.frequency_penalty), C_GEN, 0, 0 },
+    { "--repeat-last-n", NULL, O_INT, OFF(sp.repeat_last_n), C_GEN, -1, 1 << 24 },
+    { "--seed", NULL, O_U64, OFF(sp.seed), C_GEN, 0, 0 },
+    { "--logprobs", NULL, O_INT, OFF(logprobs), C_GEN, 0, 1 << 24 },
+    { "--no-special", NULL, O_FLAG, OFF(no_special), C_GEN | C_TOK, 0, 0 },
+    { "--no-bos", NULL, O_FLAG, OFF(no_bos), C_TOK, 0, 0 },
+    { "--json", NULL, O_FLAG, OFF(json), C_GEN | C_TOK | C_PPL, 0, 0 },
+};
+#undef OFF
+
+static int parse_value(const struct flag *fl, const char *arg, const char *v, struct opts *o)
+{
+    char *end;
+    void *dst = (char *)o + fl->off;
+    errno = 0;
+    switch (fl->kind) {
+    case O_STR:
+        *(const char **)dst = v;
+        return 0;
+    case O_INT: {
+        long x = strtol(v, &end, 10);
+        if (end == v || *end || errno || x < fl->min || x > fl->max)
+            return fail("%s: '%s' is not an integer in [%ld, %ld]", arg, v, fl->min, fl->max);
+        *(int *)dst = (int)x;
+        return 0;
+    }
+    case O_FLOAT: {
+        float x = strtof(v, &end);
+        if (end == v || *end || errno || !isfinite(x))
+            return fail("%s: '%s' is not a number", arg, v);
+        *(float *)dst = x;
+        return 0;
+    }
+    case O_U64: {
+        unsigned long long x = strtoull(v, &end, 10);
+        if (end == v || *end || errno || v[0] == '-')
+            return fail("%s: '%s' is not an unsigned integer", arg, v);
+        *(uint64_t *)dst = x;
+        o->have_seed = 1;
+        return 0;
+    }
+    case O_KV:
+        if (strcmp(v, "f16") == 0)
+            o->kv = KV_F16;
+        else if (strcmp(v, "f32") == 0)
+            o->kv = KV_F32;
+        else
+            return fail("%s: '%s' is not f16 or f32", arg, v);
+        return 0;
+    }
+    return fail("%s: unhandled option kind", arg);
+}
+
+static int parse_opts(int argc, char **argv, unsigned cmd, const char *cmd_name, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->kv = KV_F16;
+    o->n_predict = 128;
+    o->n_prompt = 512;
+    o->reps = 3;
+    o->sp = (struct sample_params){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                                    .repeat_penalty = 1.0f, .repeat_last_n = 64 };
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const struct flag *fl = NULL;
+        int elsewhere = 0;
+        for (size_t k = 0; k < sizeof flags / sizeof *flags && !fl; k++) {
+            if (strcmp(a, flags[k].name) != 0 && !(flags[k].alias && strcmp(a, flags[k].alias) == 0))
+                continue;
+            if (flags[k].cmds & cmd)
+                fl = &flags[k];
+            else
+                elsewhere = 1;
+        }
+        if (!fl && elsewhere)
+            return fail("option %s does not apply to '%s'", a, cmd_name);
+        if (!fl)
+            return fail("unknown option '%s' for '%s' (see strata --help)", a, cmd_name);
+        if (fl->kind == O_FLAG) {
+            *(int *)((char *)o + fl->off) = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return fail("option %s needs a value", a);
+        if (parse_value(fl, a, argv[++i], o))
+            return 1;
+    }
+    if (!o->model)
+        return fail("%s: a model is required (-m MODEL)", cmd_name);
+    if (o->threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = nc > 0 ? (int)nc : 1;
+    }
+    return 0;
+}
+
+/* The text of -p or -f (exactly one); malloc'd. */
+static char *input_text(const struct opts *o, const char *cmd, size_t *len)
+{
+    if (!!o->prompt == !!o->file) {
+        fail("%s: give exactly one of -p TEXT or -f FILE", cmd);
+        return NULL;
+    }
+    if (o->prompt) {
+        *len = strlen(o->prompt);
+        return strdup(o->prompt);
+    }
+    char *t = read_file(o->file, len);
+    if (!t)
+        fail("cannot read %s: %s", o->file, strerror(errno));
+    return t;
+}
+
+/* ==== models ==== */
+
+static int load_model(const struct opts *o, struct model **m, int need_tok)
+{
+    char err[512];
+    if (model_load(m, o->model, err, sizeof err) != 0)
+        return fail("cannot load %s: %s", o->model, err);
+    if (need_tok && !model_tok(*m)) {
+        model_free(*m);
+        *m = NULL;
+        return fail("%s has no tokenizer", o->model);
+    }
+    return 0;
+}
+
+static size_t kv_bytes(const struct model_hp *hp, int n_ctx, int kv)
+{
+    return 2 * (size_t)hp->n_layer * (size_t)n_ctx * (size_t)hp->n_head_kv *
+           (size_t)hp->head_dim * (kv == KV_F16 ? 2 : 4);
+}
+
+static int default_ctx(const struct model_hp *hp)
+{
+    return hp->n_ctx_train > 0 && hp->n_ctx_train < DEFAULT_CTX_CAP ? hp->n_ctx_train : DEFAULT_CTX_CAP;
+}
+
+/* Refuses a model and cache that do not fit in physical memory: the weights
+ * are mapped, and paging them in and out each token would be unusable. */
+static int check_memory(const struct opts *o, const struct model *m, int n_ctx)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0)
+        return 0;
+    size_t have = (size_t)pages * (size_t)page;
+    size_t w = model_weight_bytes(m), kv = kv_bytes(model_hp(m), n_ctx, o->kv);
+    if (w + kv > have)
+        return fail("%s needs %.0f MiB (weights %.0f MiB + KV cache %.0f MiB for %d cells) but this "
+                    "machine has %.0f MiB", o->model, mib(w + kv), mib(w), mib(kv), n_ctx, mib(have));
+    return 0;
+}
+
+/* A pool and a context of n_ctx cells for m. */
+static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct pool **pool,
+                    struct model_ctx **c)
+{
+    char err[512];
+    if (check_memory(o, m, n_ctx))
+        return 1;
+    *pool = pool_new(o->threads);
+    if (!*pool)
+        return fail("cannot start %d threads", o->threads);
+    if (model_ctx_new(c, m, n_ctx, o->kv, *pool, err, sizeof err) != 0) {
+        pool_free(*pool);
+        *pool = NULL;
+        return fail("%s", err);
+    }
+    return 0;
+}
+
+/* ==== generate ==== */
+
+struct gen_out {
+    int32_t id;
+    float logprob;
+    struct sample_top *top;   /* (logprobs) */
+};
+
+static uint64_t random_seed(void)
+{
+    uint64_t s = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&s, sizeof s, 1, f) != 1)
+        s = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
+    if (f)
+        fclose(f);
+    return s;
+}
+
+/* tok_piece into a growing buffer; returns the length. */
+static size_t piece(const struct tok *t, int32_t id, char **buf, size_t *cap, int special)
+{
+    size_t n = tok_piece(t, id, *buf, *cap, special);
+    if (n > *cap) {
+        char *nb = realloc(*buf, n);
+        if (!nb)
+            return 0;
+        *buf = nb;
+        *cap = n;
+        n = tok_piece(t, id, *buf, *cap, special);
+    }
+    return n;
+}
+
+static void put_gen_json(FILE *f, const struct tok *t, const int32_t *prompt, int np,
+                         const struct gen_out *out, int n_out, int n_top, double prompt_ms,
+                         double decode_ms, int n_decoded)
+{
+    char *buf = malloc(64);
+    size_t cap = buf ? 64 : 0;
+    fputs("{\"prompt_tokens\":[", f);
+    for (int i = 0; i < np; i++)
+        fprintf(f, i ? ",%" PRId32 : "%" PRId32, prompt[i]);
+    fputs("],\"tokens\":[", f);
+    for (int i = 0; i < n_out; i++) {
+        size_t n = buf ? piece(t, out[i].id, &buf, &cap, 1) : 0;
+        fprintf(f, "%s{\"id\":%" PRId32 ",\"text\":", i ? "," : "", out[i].id);
+        json_put_str(f, buf, n);
+        fputs(",\"bytes\":[", f);
+        for (size_t k = 0; k < n; k++)
+            fprintf(f, k ? ",%u" : "%u", (unsigned char)buf[k]);
+        fputs("],\"logprob\":", f);
+        put_num(f, out[i].logprob, "%.9g");
+        if (n_top > 0) {
+            fputs(",\"top\":[", f);
+            for (int k = 0; k < n_top; k++) {
+                fprintf(f, "%s{\"id\":%" PRId32 ",\"logprob\":", k ? "," : "", out[i].top[k].id);
+                put_num(f, out[i].top[k].logprob, "%.9g");
+                fputc('}', f);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
+    }
+    fputs("],\"timings\":{\"prompt_ms\":", f);
+    put_num(f, prompt_ms, "%.3f");
+    fputs(",\"prompt_tok_s\":", f);
+    put_num(f, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0, "%.3f");
+    fputs(",\"decode_ms\":", f);
+    put_num(f, decode_ms, "%.3f");
+    fputs(",\"decode_tok_s\":", f);
+    put_num(f, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, "%.3f");
+    fputs("}}\n", f);
+    free(buf);
+}
+
+static int cmd_generate(struct opts *o)
+{
+    char err[512];
+    size_t len;
+    int rc = 1;
+    struct model *m = NULL;
+    struct pool *pool = NULL;
+    struct model_ctx *c = NULL;
+    struct sampler *smp = NULL;
+    int32_t *prompt = NULL;
+    float *logits = NULL;
+    struct gen_out *out = NULL;
+    struct sample_top *tops = NULL;
+    char *pbuf = NULL, *pending = NULL;
+    char *text = input_text(o, "generate", &len);
+    if (!text)
+        return 1;
+    if (load_model(o, &m, 1))
+        goto done;
+    const struct tok *t = model_tok(m);
+    const struct model_hp *hp = model_hp(m);
+    int V = hp->n_vocab, np = 0;
+    prompt = tok_encode(t, text, len, 1, !o->no_special, &np, err, sizeof err);
+    if (!prompt) {
+        fail("cannot tokenize the prompt: %s", err);
+        goto done;
+    }
+    if (np == 0) {
+        fail("the prompt is empty (no tokens)");
+        goto done;
+    }
+    int n_ctx = o->n_ctx ? o->n_ctx : default_ctx(hp);
+    if (np >= n_ctx) {
+        fail("the prompt is %d tokens; the context holds %d (-c)", np, n_ctx);
+        goto done;
+    }
+    /* only the cells this run can use */
+    int cells = (long)np + o->n_predict < n_ctx ? np + o->n_predict : n_ctx;
+    if (cells < np + 1)
+        cells = np + 1;
+    if (open_ctx(o, m, cells, &pool, &c))
+        goto done;
+
+    struct sample_params sp = o->sp;
+    if (sp.repeat_last_n < 0)
+        sp.repeat_last_n = n_ctx;
+    if (!o->have_seed)
+        sp.seed = random_seed();
+    fprintf(stderr, "seed: %" PRIu64 "\n", sp.seed);
+    int n_top = o->logprobs < V ? o->logprobs : V;
+    smp = sample_new(&sp, V);
+    logits = malloc((size_t)V * sizeof *logits);
+    out = calloc((size_t)o->n_predict + 1, sizeof *out);
+    tops = calloc(((size_t)o->n_predict + 1) * (size_t)(n_top ? n_top : 1), sizeof *tops);
+    size_t pcap = 256, pend = 0, pend_cap = 256;
+    pbuf = malloc(pcap);
+    pending = malloc(pend_cap);
+    if (!smp || !logits || !out || !tops || !pbuf || !pending) {
+        fail("out of memory");
+        goto done;
+    }
+    for (int i = 0; i < np; i++)
+        sample_accept(smp, prompt[i]);
+
+    double t0 = now_ms();
+    if (model_eval(c, prompt, np, 0, logits, 0, err, sizeof err) != 0) {
+        fail("%s", err);
+        goto done;
+    }
+    double prompt_ms = now_ms() - t0, decode_ms = 0;
+    int n_out = 0, n_decoded = 0, pos = np;
+    while (n_out < o->n_predict) {
+        struct gen_out *g = &out[n_out];
+        g->top = tops + (size_t)n_out * (size_t)n_top;
+        int32_t id = sample_next(smp, logits);
+        if (o->json)
+            g->logprob = sample_logprob(logits, V, id, g->top, n_top);
+        g->id = id;
+        n_out++;
+        sample_accept(smp, id);
+        if (tok_is_eog(t, id))
+            break;
+        if (!o->json) {
+            /* stream the text, holding back a UTF-8 character split across tokens */
+            size_t n = piece(t, id, &pbuf, &pcap, 0);
+            if (pend + n > pend_cap) {
+                char *nb = realloc(pending, pend + n);
+                if (!nb) {
+                    fail("out of memory");
+                    goto done;
+                }
+                pending = nb;
+                pend_cap = pend + n;
+            }
+            memcpy(pending + pend, pbuf, n);
+            pend += n;
+            size_t ready = tok_utf8_complete(pending, pend);
+            fwrite(pending, 1, ready, stdout);
+            fflush(stdout);
+            memmove(pending, pending + ready, pend - ready);
+            pend -= ready;
+        }
+        if (n_out == o->n_predict)
+            break;
+        if (pos >= cells) {
+            fprintf(stderr, "\nstrata: context full (%d cells): generation stopped\n", cells);
+            break;
+        }
+        double t1 = now_ms();
+        if (model_eval(c, &id, 1, pos, logits, 0, err, sizeof err) != 0) {
+            fail("%s", err);
+            goto done;
+        }
+        decode_ms += now_ms() - t1;
+        n_decoded++;
+        pos++;
+    }
+    if (o->json) {
+        put_gen_json(stdout, t, prompt, np, out, n_out, n_top, prompt_ms, decode_ms, n_decoded);
+    } else {
+        fwrite(pending, 1, pend, stdout);
+        fflush(stdout);
+        fputc('\n', stderr);
+    }
+    fprintf(stderr, "prompt: %d tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms "
+            "(%.1f tok/s)\n", np, prompt_ms, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0,
+            n_decoded, decode_ms, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0);
+    rc = ferror(stdout) ? fail("error writing the output") : 0;
+done:
+    free(text);
+    free(prompt);
+    free(logits);
+    free(out);
+    free(tops);
+    free(pbuf);
+    free(pending);
+    sample_free(smp);
+    model_ctx_free(c);
+    pool_free(pool);
+    model_free(m);
+    return rc;
+}
+
+/* ==== tokenize: gguf + tokenizer only, so vocabulary-only files work ==== */
+
+static int cmd_tokenize(struct opts *o)
+{
+    char err[512];
+    size_t len;
+    struct gguf g;
+    struct tok *t = NULL;
+    int rc = 1, n = 0;
+    int32_t *ids = NULL;
+    memset(&g, 0, sizeof g);
+    char *text = input_text(o, "tokenize", &len);
+    if (!text)
+        return 1;
+    if (gguf_open(&g, o->model, err, sizeof err) != 0) {
+        fail("cannot load %s: %s", o->model, err);
+        goto done;
+    }
+    if (tok_load(&t, &g, err, sizeof err) != 0) {
+        fail("cannot load the tokenizer of %s: %s", o->model, err);
+        goto done;
+    }
+    ids = tok_encode(t, text, len, !o->no_bos, !o->no_special, &n, err, sizeof err);
+    if (!ids) {
+        fail("cannot tokenize: %s", err);
+        goto done;
+    }
+    if (o->json)
+        putchar('[');
+    for (int i = 0; i < n; i++)
+        printf(i ? (o->json ? ",%" PRId32 : " %" PRId32) : "%" PRId32, ids[i]);
+    puts(o->json ? "]" : "");
+    rc = ferror(stdout) ? fail("error writing the output") : 0;
+done:
+    free(text);
+    free(ids);
+    if (t)
+        tok_free(t);
+    gguf_close(&g);
+    return rc;
+}
+
+/* ==== perplexity (ARCH.md §5b) ==== */
+
+/* -log softmax(row)[tok], the sum in double */
+static double nll_of(const float *row, int V, int32_t tok)
+{
+    float max = row[0];
+    for (int i = 1; i < V; i++)
+        if (row[i] > max)
+            max = row[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)row[i] - max);
+    return max + log(sum) - row[tok];
+}
+
+static int cmd_perplexity(struct opts *o)
+{
+    char err[512];
+    size_t len;
+    int rc = 1, n = 0;
+    struct model *m = NULL;
+    struct pool *pool = NULL;
+    struct model_ctx *c = NULL;
+    int32_t *ids = NULL, *chunk = NULL;
+    float *logits = NULL;
+    if (!o->file)
+        return fail("perplexity: a text file is required (-f FILE)");
+    char *text = input_text(o, "perplexity", &len);
+    if (!text)
+        return 1;
+    if (load_model(o, &m, 1))
+        goto done;
+    const struct tok *t = model_tok(m);
+    int V = model_hp(m)->n_vocab;
+    int n_ctx = o->n_ctx ? o->n_ctx : PPL_DEFAULT_CTX;
+    if (n_ctx < 4) {
+        fail("perplexity: the window (-c) must be at least 4 tokens");
+        goto done;
+    }
+    /* the reference tool tokenizes with add_special and without parse_special */
+    ids = tok_encode(t, text, len, 1, 0, &n, err, sizeof err);
+    if (!ids) {
+        fail("cannot tokenize %s: %s", o->file, err);
+        goto done;
+    }
+    if (n < 2 * n_ctx) {
+        fail("perplexity: %s has %d tokens; a window of %d needs at least %d (2·n_ctx)", o->file, n,
+             n_ctx, 2 * n_ctx);
+        goto done;
+    }
+    if (open_ctx(o, m, n_ctx, &pool, &c))
+        goto done;
+    int first = n_ctx / 2, n_chunks = n / n_ctx;
+    /* logits for the scored half, in slices that bound the buffer */
+    int slice = (int)(PPL_LOGIT_BYTES / ((size_t)V * sizeof(float)));
+    if (slice < 1)
+        slice = 1;
+    if (slice > n_ctx - first)
+        slice = n_ctx - first;
+    logits = malloc((size_t)slice * (size_t)V * sizeof *logits);
+    chunk = malloc((size_t)n_ctx * sizeof *chunk);
+    if (!logits || !chunk) {
+        fail("out of memory");
+        goto done;
+    }
+    double nll = 0, nll2 = 0, t0 = now_ms();
+    long count = 0;
+    for (int ch = 0; ch < n_chunks; ch++) {
+        memcpy(chunk, ids + (size_t)ch * n_ctx, (size_t)n_ctx * sizeof *chunk);
+        if (tok_add_bos(t))
+            chunk[0] = tok_bos(t); /* overwritten, not inserted */
+        /* position 0 starts from an empty cache */
+        if (model_eval(c, chunk, first, 0, NULL, 0, err, sizeof err) != 0) {
+            fail("%s", err);
+            goto done;
+        }
+        for (int p0 = first; p0 < n_ctx - 1; p0 += slice) {
+            int rows = n_ctx - p0 < slice ? n_ctx - p0 : slice;
+            if (model_eval(c, chunk + p0, rows, p0, logits, 1, err, sizeof err) != 0) {
+                fail("%s", err);
+                goto done;
+            }
+            for (int r = 0; r < rows && p0 + r < n_ctx - 1; r++) {
+                double v = nll_of(logits + (size_t)r * V, V, chunk[p0 + r + 1]);
+                nll += v;
+                nll2 += v * v;
+                count++;
+            }
+        }
+        fprintf(stderr, "[%d]%.4f,", ch + 1, exp(nll / count));
+        if (ch == 0)
+            fprintf(stderr, " (%.2f s per chunk) ", (now_ms() - t0) / 1e3);
+        fflush(stderr);
+    }
+    fputc('\n', stderr);
+    /* the reference tool's error estimate: the standard error of the mean
+     * NLL, carried to the perplexity through d(exp x) = exp x dx */
+    double mean = nll / count, var = nll2 / count - mean * mean, ppl = exp(mean);
+    double err_ppl = var > 0 && count > 1 ? sqrt(var / (count - 1)) * ppl : 0;
+    if (o->json) {
+        fputs("{\"ppl\":", stdout);
+        put_num(stdout, ppl, "%.17g");
+        fputs(",\"ppl_err\":", stdout);
+        put_num(stdout, err_ppl, "%.17g");
+        printf(",\"tokens\":%ld,\"chunks\":%d}\n", count, n_chunks);
+    } else {
+        printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, err_ppl);
+    }
+    rc = ferror(stdout) ? fail("error writing the output") : 0;
+done:
+    free(text);
+    free(ids);
+    free(chunk);
+    free(logits);
+    model_ctx_free(c);
+    pool_free(pool);
+    model_free(m);
+    return rc;
+}
+
+/* ==== info ==== */
+
+static const char *arch_name(int arch)
+{
+    switch (arch) {
+    case ARCH_LLAMA: return "llama";
+    case ARCH_QWEN2: return "qwen2";
+    case ARCH_QWEN3: return "qwen3";
+    case ARCH_QWEN3MOE: return "qwen3moe";
+    }
+    return "?";
+}
+
+static void put_gguf_str(const struct gguf *g, const char *label, const char *key)
+{
+    struct gguf_str s;
+    if (gguf_get_str(g, key, &s) == 0)
+        printf("%-18s %.*s\n", label, (int)(s.len > 200 ? 200 : s.len), s.ptr);
+}
+
+static int cmd_info(struct opts *o)
+{
+    struct model *m = NULL;
+    if (load_model(o, &m, 0))
+        return 1;
+    const struct model_hp *hp = model_hp(m);
+    const struct gguf *g = model_gguf(m);
+    const struct tok *t = model_tok(m);
+    printf("%-18s %s\n", "file", o->model);
+    printf("%-18s %.1f MiB, GGUF v%u, %" PRIu64 " metadata keys\n", "size", mib(g->size), g->version,
+           g->n_kv);
+    put_gguf_str(g, "name", "general.name");
+    printf("%-18s %s\n", "architecture", arch_name(hp->arch));
+    printf("%-18s %d\n", "n_vocab", hp->n_vocab);
+    printf("%-18s %d\n", "n_ctx_train", hp->n_ctx_train);
+    printf("%-18s %d\n", "n_embd", hp->n_embd);
+    printf("%-18s %d\n", "n_layer", hp->n_layer);
+    printf("%-18s %d / %d (head dim %d)\n", "n_head / kv", hp->n_head, hp->n_head_kv, hp->head_dim);
+    printf("%-18s %d\n", "n_ff", hp->n_ff);
+    if (hp->n_expert)
+        printf("%-18s %d (%d used), expert n_ff %d\n", "experts", hp->n_expert, hp->n_expert_used,
+               hp->n_ff_exp);
+    printf("%-18s %s, base %g, %d dims\n", "rope", hp->rope_neox ? "neox" : "normal", hp->rope_base,
+           hp->n_rot);
+    printf("%-18s %g\n", "rms_eps", hp->rms_eps);
+    put_gguf_str(g, "tokenizer", "tokenizer.ggml.model");
+    put_gguf_str(g, "pre-tokenizer", "tokenizer.ggml.pre");
+    if (t)
+        printf("%-18s bos %" PRId32 "%s, eos %" PRId32 "\n", "special tokens", tok_bos(t),
+               tok_add_bos(t) ? " (added)" : "", tok_eos(t));
+
+    /* tensors per type */
+    uint64_t count[QT_COUNT] = { 0 };
+    size_t bytes[QT_COUNT] = { 0 };
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        int ty = g->tensors[i].type;
+        if (ty >= 0 && ty < QT_COUNT) {
+            count[ty]++;
+            bytes[ty] += g->tensors[i].nbytes;
+        }
+    }
+    printf("%-18s %" PRIu64 ":", "tensors", g->n_tensors);
+    for (int ty = 0; ty < QT_COUNT; ty++)
+        if (count[ty])
+            printf(" %s %" PRIu64 " (%.1f MiB)", gguf_type_name(ty), count[ty], mib(bytes[ty]));
+    putchar('\n');
+    int n_ctx = o->n_ctx ? o->n_ctx : default_ctx(hp);
+    size_t w = model_weight_bytes(m), kv = kv_bytes(hp, n_ctx, o->kv);
+    printf("%-18s %.1f MiB\n", "weights", mib(w));
+    printf("%-18s %.1f MiB\n", "decode reads", mib(model_decode_bytes(m)));
+    printf("%-18s %.1f MiB (%d cells, %s)\n", "KV cache", mib(kv), n_ctx, o->kv == KV_F16 ? "f16" : "f32");
+    printf("%-18s %.1f MiB (weights + KV cache)\n", "memory needed", mib(w + kv));
+    model_free(m);
+    return ferror(stdout) ? fail("error writing the output") : 0;
+}
+
+/* ==== bench ==== */
+
+typedef uint64_t bw_vec __attribute__((vector_size(32)));
+
+struct bw_job {
+    const bw_vec *buf;   /* (n) */
+    size_t n;
+    uint64_t sink[64];   /* one slot per thread (up to 64), keeps the reads alive */
+};
+
+static void bw_read(void *arg, int i, int n)
+{
+    struct bw_job *j = arg;
+    size_t lo = j->n * (size_t)i / (size_t)n, hi = j->n * (size_t)(i + 1) / (size_t)n;
+    bw_vec a = { 0 }, b = { 0 }, c = { 0 }, d = { 0 };
+    size_t k = lo;
+    for (; k + 4 <= hi; k += 4) {
+        a ^= j->buf[k];
+        b ^= j->buf[k + 1];
+        c ^= j->buf[k + 2];
+        d ^= j->buf[k + 3];
+    }
+    for (; k < hi; k++)
+        a ^= j->buf[k];
+    a ^= b ^ c ^ d;
+    j->sink[i & 63] = a[0] ^ a[1] ^ a[2] ^ a[3];
+}
+
+/* Read bandwidth in bytes/s: the best of 3 multi-threaded passes over a
+ * buffer far larger than the caches; 0 if it cannot be allocated. */
+static double read_bandwidth(struct pool *pool, size_t *used)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    size_t size = BENCH_BW_BYTES;
+    if (pages > 0 && page > 0 && size > (size_t)pages * (size_t)page / 4)
+        size = (size_t)pages * (size_t)page / 4;
+    size &= ~(size_t)4095;
+    void *buf = aligned_alloc(4096, size);
+    *used = size;
+    if (!buf)
+        return 0;
+    memset(buf, 1, size); /* touch every page before timing */
+    struct bw_job j = { buf, size / sizeof(bw_vec), { 0 } };
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_ms();
+        pool_run(pool, bw_read, &j);
+        double s = (now_ms() - t0) / 1e3;
+        if (s > 0 && size / s > best)
+            best = size / s;
+    }
+    free(buf);
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int cmd_bench(struct opts *o)
+{
+    char err[512];
+    int rc = 1;
+    struct model *m = NULL;
+    struct pool *pool = NULL;
+    struct model_ctx *c = NULL;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    double *pp = NULL, *tg = NULL;
+    if (load_model(o, &m, 0))
+        return 1;
+    const struct model_hp *hp = model_hp(m);
+    int V = hp->n_vocab, np = o->n_prompt, ng = o->n_predict, reps = o->reps;
+    if (np + ng < 1) {
+        fail("bench: nothing to measure (-p 0 -n 0)");
+        goto done;
+    }
+    if (open_ctx(o, m, np + ng, &pool, &c))
+        goto done;
+    toks = malloc(((size_t)np + (size_t)ng) * sizeof *toks);
+    logits = malloc((size_t)V * sizeof *logits);
+    pp = calloc((size_t)reps, sizeof *pp);
+    tg = calloc((size_t)reps, sizeof *tg);
+    if (!toks || !logits || !pp || !tg) {
+        fail("out of memory");
+        goto done;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull; /* fixed pseudo-random tokens */
+    for (int i = 0; i < np + ng; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        toks[i] = (int32_t)(x % (uint64_t)V);
+    }
+    /* warm-up: page the weights in */
+    if (model_eval(c, toks, 1, 0, logits, 0, err, sizeof err) != 0) {
+        fail("%s", err);
+        goto done;
+    }
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_ms();
+        if (np > 0 && model_eval(c, toks, np, 0, logits, 0, err, sizeof err) != 0) {
+            fail("%s", err);
+            goto done;
+        }
+        double t1 = now_ms();
+        for (int i = 0; i < ng; i++) {
+            if (model_eval(c, toks + np + i, 1, np + i, logits, 0, err, sizeof err) != 0) {
+                fail("%s", err);
+                goto done;
+            }
+        }
+        double t2 = now_ms();
+        pp[r] = np > 0 ? np / ((t1 - t0) / 1e3) : 0;
+        tg[r] = ng > 0 ? ng / ((t2 - t1) / 1e3) : 0;
+        fprintf(stderr, "rep %d: prompt %.1f tok/s, decode %.1f tok/s\n", r + 1, pp[r], tg[r]);
+    }
+    size_t bw_size;
+    double bw = read_bandwidth(pool, &bw_size), dec = (double)model_decode_bytes(m);
+    double bound = bw > 0 && dec > 0 ? bw / dec : 0, tg_med = median(tg, reps);
+    printf("%-14s %s (%s, %.1f MiB; decode reads %.1f MiB/token)\n", "model", o->model,
+           arch_name(hp->arch), mib(model_weight_bytes(m)), mib((size_t)dec));
+    printf("%-14s %d\n", "threads", o->threads);
+    printf("%-14s %-8s %12s\n", "test", "tokens", "tok/s");
+    if (np > 0)
+        printf("%-14s %-8d %12.2f\n", "prompt", np, median(pp, reps));
+    if (ng > 0)
+        printf("%-14s %-8d %12.2f\n", "decode", ng, tg_med);
+    printf("%-14s %.2f GB/s (read, %d threads, %.0f MiB buffer)\n", "bandwidth", bw / 1e9, o->threads,
+           mib(bw_size));
+    if (bound > 0) {
+        printf("%-14s %.2f tok/s (bandwidth / decode bytes)\n", "decode bound", bound);
+        if (ng > 0)
+            printf("%-14s %.1f%%\n", "decode/bound", 100 * tg_med / bound);
+    }
+    fprintf(stderr, "medians of %d reps\n", reps);
+    rc = ferror(stdout) ? fail("error writing the output") : 0;
+done:
+    free(toks);
+    free(logits);
+    free(pp);
+    free(tg);
+    model_ctx_free(c);
+    pool_free(pool);
+    model_free(m);
+    return rc;
+}
+
+/* ==== main ==== */
+
+int main(int argc, char **argv)
+{
+    static const struct { const char *name; unsigned cmd; int (*run)(struct opts *); } cmds[] = {
+        { "generate", C_GEN, cmd_generate },
+        { "tokenize", C_TOK, cmd_tokenize },
+        { "perplexity", C_PPL, cmd_perplexity },
+        { "info", C_INFO, cmd_info },
+        { "bench", C_BENCH, cmd_bench },
+    };
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "synth") == 0) {
+        char err[512];
+        if (synth_main(argc - 1, argv + 1, err, sizeof err) != 0)
+            return fail("%s", err);
+        return 0;
+    }
+    for (size_t k = 0; k < sizeof cmds / sizeof *cmds; k++) {
+        if (strcmp(cmd, cmds[k].name) != 0)
+            continue;
+        for (int i = 2; i < argc; i++) {
+            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                fputs(usage, stdout);
+                return 0;
+            }
+        }
+        struct opts o;
+        if (parse_opts(argc - 2, argv + 2, cmds[k].cmd, cmd, &o))
+            return 1;
+        return cmds[k].run(&o);
+    }
+    return fail("unknown command '%s' (see strata --help)", cmd);
+}

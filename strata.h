@@ -182,26 +182,35 @@ void json_put_str(FILE *f, const char *s, size_t len);
 /* ==== tok.c: tokenizers ==== */
 
 struct tok;
-/* Builds the tokenizer from a file's tokenizer.ggml.* metadata. */
+/* Builds the tokenizer from a file's tokenizer.ggml.* metadata: model "llama"
+ * (SPM) or "gpt2" (byte-level BPE; pre-tokenizers default, llama3/llama-bpe,
+ * qwen2, qwen35, gpt-2 and a few more). Copies what it keeps: g may be
+ * closed afterwards. */
 int tok_load(struct tok **t, const struct gguf *g, char *err, size_t errlen);
 void tok_free(struct tok *t);
-/* Returns a malloc'd array of ids (count in *n), NULL with err set on failure. */
+/* Returns a malloc'd array of ids (count in *n; not NULL even for 0 ids),
+ * NULL with err set on failure. add_special: BOS/EOS as the vocabulary says;
+ * parse_special: control tokens written in the text become their ids
+ * (USER_DEFINED tokens always do). */
 int32_t *tok_encode(const struct tok *t, const char *text, size_t len, int add_special,
                     int parse_special, int *n, char *err, size_t errlen);
 /* The bytes a token contributes to output (special tokens only if `special`);
  * returns the full length, writing at most cap bytes. */
 size_t tok_piece(const struct tok *t, int32_t id, char *buf, size_t cap, int special);
-/* Detokenises a sequence as the reference does (leading-space and
- * clean-up rules); returns the full length, writing at most cap bytes. */
+/* Detokenises a sequence as the reference's llama_detokenize does (SPM: the
+ * first piece loses one leading space; BPE vocabularies with clean-up drop
+ * the space in " ," " ." " !" " ?" " 's" ...); returns the full length,
+ * writing at most cap bytes. The pieces concatenated keep every byte. */
 size_t tok_decode(const struct tok *t, const int32_t *ids, int n, char *buf, size_t cap, int special);
-/* How many leading bytes of buf form complete UTF-8 characters (for streaming). */
+/* How many leading bytes of buf form complete UTF-8 characters (for streaming:
+ * hold back a character split across tokens until its last byte arrives). */
 size_t tok_utf8_complete(const char *buf, size_t n);
 int tok_n_vocab(const struct tok *t);
-int32_t tok_bos(const struct tok *t);
-int32_t tok_eos(const struct tok *t);
+int32_t tok_bos(const struct tok *t);   /* -1 if the vocabulary has none */
+int32_t tok_eos(const struct tok *t);   /* -1 if the vocabulary has none */
 int tok_add_bos(const struct tok *t);
-int tok_is_eog(const struct tok *t, int32_t id);
-const char *tok_text(const struct tok *t, int32_t id); /* the vocabulary string */
+int tok_is_eog(const struct tok *t, int32_t id);  /* generation stops on it */
+const char *tok_text(const struct tok *t, int32_t id); /* the vocabulary string; NULL if out of range */
 
 /* ==== model.c: architectures and the CPU forward pass ==== */
 
@@ -237,6 +246,10 @@ void model_ctx_free(struct model_ctx *c);
  * token; NULL to skip the head. */
 int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos,
                float *logits, int all_logits, char *err, size_t errlen);
+/* Float-reference mode (off by default): weights are dequantised to F32 on
+ * the fly and activations stay F32, as the reference engine computes on an
+ * F32 copy of the model (the *.f32ref goldens pair it with KV_F32). */
+void model_ctx_set_f32ref(struct model_ctx *c, int on);
 
 /* ==== sample.c: samplers and log-probabilities ==== */
 
@@ -280,6 +293,8 @@ int32_t *strata_tokenize(struct strata *s, const char *text, int *n); /* malloc'
 /* Appends tokens to the sequence; returns the logits of the last one (V), NULL on error. */
 const float *strata_eval(struct strata *s, const int32_t *tokens, int n);
 int32_t strata_sample(struct strata *s, const struct sample_params *p);
+/* The message of the last failed call (strata_tokenize/eval/sample). */
+const char *strata_error(const struct strata *s);
 void strata_free(struct strata *s);
 
 #endif
