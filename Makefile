@@ -48,5 +48,13 @@ clean:
 help:
 	@grep -B1 -E '^[a-z-]+:' Makefile | grep -E '^#' | sed 's/^# //'
 
-.PHONY: test test-slow clean help
+DEMO_PROMPT := It was a cold morning in November, and
+
+# Build Strata and generate a paragraph with the bundled demo model (demo/README.md).
+run: strata
+	@printf '%s' "$(DEMO_PROMPT)"
+	@./strata generate -m demo/strata-demo-Q8_0.gguf -p "$(DEMO_PROMPT)" -n 200 --seed 2 \
+	  2>build/run.log; rc=$$?; echo; cat build/run.log >&2; exit $$rc
+
+.PHONY: test test-slow clean help run
 -include $(wildcard build/*.d)

@@ -55,10 +55,10 @@ FILE_BYTES = 1 << 20
 # ---- R serialisation (XDR, format versions 2 and 3) ----
 
 class RReader:
-    """Reads one serialised R object; returns Python values: character
-    vectors as lists of str (None for NA), generic vectors as lists, numbers
-    as lists, pairlists as lists of (tag, value). Attributes are kept in
-    the `attrs` dict of the wrapper where a caller needs them (names)."""
+    """Reads one serialised R object into Python values: character vectors
+    become lists of str (None for NA), numeric and generic vectors lists,
+    pairlists lists of (tag, value); a vector with a `names` attribute
+    becomes a dict. Other attributes are read and dropped."""
 
     NILVALUE, REFSXP = 254, 255
     SPECIALS = {253, 252, 251, 250, 242, 241}  # global/empty/base envs, markers
@@ -128,13 +128,12 @@ class RReader:
             env["attrib"] = self.item()
             return env
         if t in (2, 3, 5, 6, 17, 239, 240):  # pairlist-like nodes
-            attr = self.item() if has_attr else None
+            if has_attr:
+                self.item()  # a node's own attributes: not needed here
             tag = self.item() if has_tag else None
             car = self.item()
             cdr = self.item()
-            node = [(tag, car)] + (cdr if isinstance(cdr, list) else [])
-            del attr
-            return node
+            return [(tag, car)] + (cdr if isinstance(cdr, list) else [])
         if t == 9:  # CHARSXP
             n = self.int()
             return None if n == -1 else self.bytes(n).decode("utf-8", "replace")

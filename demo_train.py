@@ -15,7 +15,8 @@ Subcommands (defaults fit the repository root; see demo/README.md):
             validation perplexity, writes them (float32, in parts) with
             weights.json, then reference.json and train.log.
   reference recomputes reference.json from saved weights (any device).
-  export    writes strata-demo-Q8_0.gguf and strata-demo-F16.gguf from saved weights.
+  export    writes demo/strata-demo-Q8_0.gguf and (not committed) an F16 file
+            from saved weights; the output is a pure function of the weights.
   selftest  checks the GGUF writer and Q8_0 packing against the reader here.
 
 The model (T tokens, D width, H query heads, K kv heads, E head dim, F
@@ -36,12 +37,15 @@ import subprocess
 import sys
 import time
 
-try:  # `tokens` runs where neither is installed
+try:  # `tokens` needs neither; `export` needs numpy alone
     import numpy as np
+except ImportError:
+    np = None
+try:
     import torch
     import torch.nn.functional as F
 except ImportError:
-    np = torch = F = None
+    torch = F = None
 
 BOS = 1  # tokenizer.ggml.bos_token_id of the llama SPM vocabulary
 PROMPT = "It was a cold morning in November, and"
@@ -330,8 +334,9 @@ def q8_act(x):
     return (torch.round(b * inv) * (amax / 127).half().float()).reshape(x.shape)
 
 
-def forward(W, cfg, idx, dropout=0.0, fast=False, sim=False):
-    """Logits (B, T, V) of token ids idx (B, T) at positions 0..T-1.
+def forward(W, cfg, idx, dropout=0.0, fast=False, sim=False, last=False):
+    """Logits (B, T, V) of token ids idx (B, T) at positions 0..T-1, or
+    (B, 1, V) of the last position only when last is set.
     fast: fused attention (training under autocast). sim: round as the
     reference engine's CPU path does with Q8_0 weights (W must hold the
     Q8_0-dequantised matrices): activations to Q8_0 before each product,
@@ -374,6 +379,8 @@ def forward(W, cfg, idx, dropout=0.0, fast=False, sim=False):
         h = rmsnorm(x, W[p + "ffn_norm.weight"], eps)
         g = F.silu(mm(h, W[p + "ffn_gate.weight"])) * mm(h, W[p + "ffn_up.weight"])
         x = x + drop(mm(g, W[p + "ffn_down.weight"]))
+    if last:
+        x = x[:, -1:]
     x = rmsnorm(x, W["output_norm.weight"], eps)
     return mm(x, W["token_embd.weight"])                                   # (B, T, V)
 
@@ -425,7 +432,7 @@ def greedy(W, cfg, prompt, n, device, sim=False):
     ids, steps, lps = list(prompt), [], []
     with torch.no_grad():
         for _ in range(n):
-            logits = forward(W, cfg, torch.as_tensor([ids], device=device), sim=sim)[0, -1].double()
+            logits = forward(W, cfg, torch.as_tensor([ids], device=device), sim=sim, last=True)[0, -1].double()
             lp = torch.log_softmax(logits, -1)
             top = torch.topk(logits, N_TOP + 1)
             tid = int(torch.nonzero(logits == top.values[0])[0].item())
@@ -519,7 +526,7 @@ def make_reference(cfg, weights, info, tokens_dir, device, log, with_val=True):
         for _ in range(3):
             ids = list(prompt)
             for _ in range(120):
-                lg = forward(W32, cfg, torch.as_tensor([ids], device=device))[0, -1]
+                lg = forward(W32, cfg, torch.as_tensor([ids], device=device), last=True)[0, -1]
                 ids.append(int(torch.multinomial(torch.softmax(lg / 0.8, -1), 1, generator=g).item()))
             samples.append(detok(pieces, ids[len(prompt):]))
     return {
@@ -649,12 +656,18 @@ def cmd_train(a):
         % (device, torch.cuda.get_device_name() if device == "cuda" else "cpu", torch.__version__,
            len(stream), a.austen_weight, len(val)))
     deadline = t_start + a.budget
-    best, records = float("inf"), []
+    best, records, sec_per_step = float("inf"), [], None
     for run in sweep:
-        if time.time() > deadline:
+        left = deadline - time.time()
+        if sec_per_step and run["steps"] * sec_per_step > left:
+            # Shorten the run so that its schedule still completes in time.
+            run["steps"] = int(left / sec_per_step)
+            log("run %s shortened to %d steps to fit the time budget" % (run["name"], run["steps"]))
+        if run["steps"] < 2 * run["warmup"]:
             log("run %s skipped: time budget spent" % run["name"])
             continue
         ppl, w, rec = train_run(cfg, run, stream, val, device, log, deadline)
+        sec_per_step = 1.05 * rec["seconds"] / rec["steps_done"]
         records.append(rec)
         if ppl < best:
             best, best_w, chosen = ppl, w, run["name"]
@@ -684,8 +697,7 @@ def cmd_reference(a):
 def cmd_export(a):
     cfg, weights, _ = load_weights(a.weights)
     _, vocab_raw, _ = gguf_read(a.vocab)
-    for qt, suffix in ((QT_Q8_0, "Q8_0"), (QT_F16, "F16")):
-        path = os.path.join(a.out_dir, "strata-demo-%s.gguf" % suffix)
+    for qt, path in ((QT_Q8_0, a.q8_0), (QT_F16, a.f16)):
         export_gguf(path, cfg, weights, qt, vocab_raw, "strata-demo")
         print("%s: %d bytes" % (path, os.path.getsize(path)), file=sys.stderr)
 
@@ -741,7 +753,8 @@ def main():
     e = sub.add_parser("export")
     e.add_argument("--weights", default="carry/demo-out")
     e.add_argument("--vocab", default="../shared/testdata/vocab/ggml-vocab-llama-spm.gguf")
-    e.add_argument("--out-dir", default="demo")
+    e.add_argument("--q8_0", default="demo/strata-demo-Q8_0.gguf", help="the committed file")
+    e.add_argument("--f16", default="carry/demo-out/strata-demo-F16.gguf", help="not committed (26 MB)")
     s = sub.add_parser("selftest")
     s.add_argument("--out", default="/tmp")
     a = ap.parse_args()

@@ -30,6 +30,7 @@
 #define MODEL_CHUNK 512   /* tokens per forward chunk: bounds the scratch buffers */
 #define MM_ROWS 16        /* weight rows per work unit; slices start at multiples */
 #define MM_MIN_ELEMS 8192 /* element count below which a row loop stays on the caller */
+#define ATTN_QB 8         /* query rows per attention task in a batch */
 
 /* ==== the model: weights bound to tensors of the mapping ==== */
 
@@ -531,7 +532,8 @@ struct model_ctx {
     int n_past;                   /* cells holding valid K/V */
     int t_max;                    /* tokens per chunk */
     size_t kv_elt;                /* bytes per cache element */
-    uint8_t *k_cache, *v_cache;   /* (n_layer, C, K*E) */
+    void *arena;                  /* the one allocation every buffer below lives in */
+    uint8_t *k_cache, *v_cache;   /* (n_layer, K, C, E) */
     float *x;                     /* (T, D) residual stream */
     float *xn;                    /* (T, D) normed input / block output */
     float *q;                     /* (T, H*E) */
@@ -635,11 +637,13 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     if ((size_t)hp->n_ff_exp > width) width = (size_t)hp->n_ff_exp;
     /* F32 rows serve the float-reference mode and F32-weight matrices */
     c->act_row = m->max_act_row > width * 4 ? m->max_act_row : width * 4;
-    /* per thread: attention scores (G, C) + queries (G, E) + one K/V row (E)
-     * + lane sums (G, 64, E) + a double tail (G, E); or a tile of dequantised
+    /* per thread, for R = ATTN_QB x G (row, head) pairs: a double tail
+     * (R, E), scores (R, C), queries (R, E), one K/V row (ES) and lane sums
+     * (R, 16, ES) (a single row uses 64 lanes); or a tile of dequantised
      * weight rows (MM_ROWS, width) */
-    size_t G = (size_t)(hp->n_head / hp->n_head_kv), E = (size_t)hp->head_dim;
-    size_t attn = G * (size_t)n_ctx + G * E + E + G * 64 * E + 2 * G * E + 4;
+    size_t R = (size_t)ATTN_QB * (size_t)(hp->n_head / hp->n_head_kv), E = (size_t)hp->head_dim;
+    size_t ES = (E + 15) & ~(size_t)15;
+    size_t attn = 2 * R * E + R * (size_t)n_ctx + R * E + ES + R * 16 * ES;
     size_t tile = (size_t)MM_ROWS * width;
     c->tscratch_n = ((attn > tile ? attn : tile) + 15) & ~(size_t)15;
     struct arena a = {NULL, 0};
@@ -652,6 +656,7 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     }
     a.used = 0;
     ctx_layout(c, &a);
+    c->arena = a.base;
     c->slot_type[0] = c->slot_type[1] = -1;
     *out = c;
     return 0;
@@ -661,7 +666,7 @@ void model_ctx_free(struct model_ctx *c)
 {
     if (!c)
         return;
-    free(c->k_cache);   /* the arena's first buffer */
+    free(c->arena);
     free(c);
 }
 
@@ -754,7 +759,6 @@ static const void *act_get(struct model_ctx *c, int dt, size_t *lda)
 
 /* ---- matrix products ---- */
 
-
 struct mm_batch {
     struct model_ctx *c;
     const struct mm_job *jobs;
@@ -826,9 +830,9 @@ static struct mm_job mm_job(struct model_ctx *c, const struct mat *w, int e, flo
  * association of the reference's AVX-512 kernels. Two shapes occur: "lane"
  * sums with 16 accumulators (its tiled GEMM, used when a batch has two or
  * more tokens) and "row" dot products with 4x16 accumulators and a double
- * tail (its vector dot product, used for a single token). Lanes are written
- * as plain arrays so the code is portable; each lane is an independent FMA
- * chain, which the compiler vectorises without changing the result. */
+ * tail (its vector dot product, used for a single token). Each lane is an
+ * independent FMA chain, so the SIMD paths and the portable loops below give
+ * the same bits. */
 
 /* The horizontal sum of 16 lanes in the order of GCC's _mm512_reduce_add_ps. */
 static inline float red16(const float *a)
@@ -844,10 +848,27 @@ static inline float red16(const float *a)
 /* Σ a·b as the tiled GEMM forms it (n a multiple of 16). */
 static inline float dot_lanes(const float *a, const float *b, int n)
 {
-    float acc[16] = {0};
+    float acc[16];
+#if defined(__AVX512F__)
+    __m512 v = _mm512_setzero_ps();
+    for (int c = 0; c < n; c += 16)
+        v = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), v);
+    _mm512_storeu_ps(acc, v);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int c = 0; c < n; c += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
+    }
+    _mm256_storeu_ps(acc, lo);
+    _mm256_storeu_ps(acc + 8, hi);
+#else
+    for (int l = 0; l < 16; l++)
+        acc[l] = 0.0f;
     for (int c = 0; c < n; c += 16)
         for (int l = 0; l < 16; l++)
             acc[l] = fmaf(a[c + l], b[c + l], acc[l]);
+#endif
     return red16(acc);
 }
 
@@ -855,19 +876,47 @@ static inline float dot_lanes(const float *a, const float *b, int n)
  * 64, the lanes folded (0+2)+(1+3), then the tail added in double. */
 static inline float dot_rows(const float *a, const float *b, int n)
 {
-    float acc[4][16] = {{0}};
+    float f[16];
     int np = n & ~63;
+#if defined(__AVX512F__)
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int i = 0; i < np; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    _mm512_storeu_ps(f, _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+#else
+    float acc[4][16] = {{0}};
     for (int i = 0; i < np; i += 64)
         for (int j = 0; j < 4; j++)
             for (int l = 0; l < 16; l++)
                 acc[j][l] = fmaf(a[i + 16 * j + l], b[i + 16 * j + l], acc[j][l]);
-    float f[16];
     for (int l = 0; l < 16; l++)
         f[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+#endif
     double r = red16(f);
     for (int i = np; i < n; i++)
         r += (double)(a[i] * b[i]);
     return (float)r;
+}
+
+/* y[i] = fma(x[i], a, y[i]): lane-wise, so any vector width gives the same. */
+static inline void fma_row(float *restrict y, const float *restrict x, float a, int n)
+{
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), va, _mm512_loadu_ps(y + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), va, _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++)
+        y[i] = fmaf(x[i], a, y[i]);
 }
 
 /* expf as the reference's vector softmax and SiLU compute it: a degree-5
@@ -884,7 +933,46 @@ static inline float exp_ref(float x)
                    u, fmaf(0x1.ffffecp-1f, b, 1.0f));
     if (fabsf(n) > 192.0f)
         return n <= 0.0f ? 0.0f : INFINITY;
+    if (n > -126.0f && n < 128.0f) {
+        /* a normal result: scaling by the power of two is exact */
+        uint32_t bits = (uint32_t)((int)n + 127) << 23;
+        float p2;
+        memcpy(&p2, &bits, 4);
+        return j * p2;
+    }
     return ldexpf(j, (int)n);
+}
+
+/* y[0..16) = exp_ref(x[0..16)), sixteen at once where AVX-512 exists (its
+ * scalef performs the same exact scaling by 2^n, subnormals included). */
+static inline void exp_ref16(const float *x, float *y)
+{
+#if defined(__AVX512F__)
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    __m512 v = _mm512_loadu_ps(x);
+    __m512 z = _mm512_fmadd_ps(v, _mm512_set1_ps(0x1.715476p+0f), r);
+    __m512 n = _mm512_sub_ps(z, r);
+    __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), v));
+    __m512 u = _mm512_mul_ps(b, b);
+    __m512 hi = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b,
+                                                _mm512_set1_ps(0x1.573e2ep-5f)),
+                                u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b,
+                                                   _mm512_set1_ps(0x1.fffdb6p-2f)));
+    __m512 j = _mm512_fmadd_ps(hi, u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b,
+                                                       _mm512_set1_ps(1.0f)));
+    __m512 res = _mm512_scalef_ps(j, n);
+    __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (big) {
+        __mmask16 neg = _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ);
+        __m512 alt = _mm512_mask_blend_ps(neg, _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+        res = _mm512_mask_blend_ps(big, res, alt);
+    }
+    _mm512_storeu_ps(y, res);
+#else
+    for (int k = 0; k < 16; k++)
+        y[k] = exp_ref(x[k]);
+#endif
 }
 
 /* In place: x[0..n) ← softmax(x), as the reference's soft_max row: exps of
@@ -899,9 +987,13 @@ static void softmax_ref(float *x, int n, int n16)
     double sum = 0.0;
     int j = 0;
     for (; j < n && j + 16 <= n16; j += 16) {
-        float e[16] = {0};
+        /* cells past n are masked (-inf) in the reference: their exp is 0 */
+        float d[16], e[16];
+        for (int l = 0; l < 16; l++)
+            d[l] = j + l < n ? x[j + l] - mx : -INFINITY;
+        exp_ref16(d, e);
         for (int l = 0; l < 16 && j + l < n; l++)
-            e[l] = x[j + l] = exp_ref(x[j + l] - mx);
+            x[j + l] = e[l];
         sum += (double)red16(e);
     }
     for (; j < n; j++) {
@@ -1043,8 +1135,14 @@ static void swiglu_rows(struct model_ctx *c, const void *p, int r0, int r1, int 
         float *g = c->g + (size_t)r * n;
         const float *u = c->u + (size_t)r * n;
         int i = 0;
-        for (; i < (n & ~15); i++)
-            g[i] = (g[i] / (1.0f + exp_ref(0.0f - g[i]))) * u[i];
+        for (; i < (n & ~15); i += 16) {
+            float m[16], e[16];
+            for (int k = 0; k < 16; k++)
+                m[k] = 0.0f - g[i + k];
+            exp_ref16(m, e);
+            for (int k = 0; k < 16; k++)
+                g[i + k] = (g[i + k] / (1.0f + e[k])) * u[i + k];
+        }
         for (; i < n; i++)
             g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
     }
@@ -1088,17 +1186,55 @@ static inline void round_f16_row(const float *x, float *y, int n)
         y[i] = quant_f16_to_f32(quant_f32_to_f16(x[i]));
 }
 
+/* out[e] (E) from the lane sums acc (n_acc, ES) of which the first nl were
+ * written (ES = E rounded up to 16): 16 lanes are summed in red16's order; 64
+ * lanes are first folded (l + l+32) + (l+16 + l+48), summed, and the double
+ * tail (E, or NULL) added. Sixteen values of e at a time, each step
+ * lane-wise, so the loops vectorise. */
+static void fold_lanes(const float *acc, int nl, int n_acc, int E, const double *tail, float *out)
+{
+    static const float zero[16];
+    size_t ES = (size_t)(E + 15) & ~(size_t)15;
+    for (int e0 = 0; e0 < E; e0 += 16) {
+        float f[16][16], t[8][16], u[4][16], r[16];
+#define LROW(l) ((l) < nl ? acc + (size_t)(l) * ES + e0 : zero)
+        for (int l = 0; l < 16; l++) {
+            const float *p0 = LROW(l);
+            if (n_acc == 16) {
+                for (int k = 0; k < 16; k++)
+                    f[l][k] = p0[k];
+            } else {
+                const float *p1 = LROW(32 + l), *p2 = LROW(16 + l), *p3 = LROW(48 + l);
+                for (int k = 0; k < 16; k++)
+                    f[l][k] = (p0[k] + p1[k]) + (p2[k] + p3[k]);
+            }
+        }
+#undef LROW
+        for (int i = 0; i < 8; i++)
+            for (int k = 0; k < 16; k++)
+                t[i][k] = f[i + 8][k] + f[i][k];
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < 16; k++)
+                u[i][k] = t[i + 4][k] + t[i][k];
+        for (int k = 0; k < 16; k++)
+            r[k] = (u[0][k] + u[2][k]) + (u[1][k] + u[3][k]);
+        for (int k = 0; k < 16 && e0 + k < E; k++)
+            out[e0 + k] = tail ? (float)((double)r[k] + tail[e0 + k]) : r[k];
+    }
+}
+
 struct attn_arg {
     struct model_ctx *c;
     int layer, T, pos, q0;
 };
 
-/* One task = one query row t and one kv head; the G query heads sharing it
- * are done together so each K/V row is converted once. The reference's
- * non-flash path: Q rounded to F16 (F16 cache) for K·Q, scores scaled in
- * F32, softmax as softmax_ref over its padded row of cells, probabilities
- * rounded to F16 for P·V. Which summation order each product takes depends
- * on the batch size and the padded cell count, as in the reference. */
+/* One task = one kv head and a block of up to ATTN_QB query rows: the G
+ * query heads sharing the kv head and the rows of the block are done together,
+ * so each cached K/V row is converted once per task. The reference's
+ * non-flash path: Q rounded to F16 (F16 cache) for K·Q, scores scaled in F32,
+ * softmax as softmax_ref over its padded row of cells, probabilities rounded
+ * to F16 for P·V. Which summation order each product takes depends on the
+ * batch size and the padded cell count, as in the reference. */
 static void attn_worker(void *p, int ith, int nth)
 {
     const struct attn_arg *a = p;
@@ -1106,14 +1242,8 @@ static void attn_worker(void *p, int ith, int nth)
     const struct model_hp *hp = &c->m->hp;
     int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv, G = H / K;
     int f16 = c->kv_type == KV_F16;
-    size_t lrow = (size_t)K * E, C = (size_t)c->n_ctx;
-    const uint8_t *kc = c->k_cache + (size_t)a->layer * C * lrow * c->kv_elt;
-    const uint8_t *vc = c->v_cache + (size_t)a->layer * C * lrow * c->kv_elt;
-    double *tail = (double *)(c->tscratch + (size_t)ith * c->tscratch_n); /* (G, E) */
-    float *s = (float *)(tail + (size_t)G * E);             /* (G, C) scores */
-    float *qf = s + (size_t)G * C;                          /* (G, E) */
-    float *row = qf + (size_t)G * E;                        /* (E) */
-    float *acc = row + E;                                   /* (G, 64, E) lane sums */
+    size_t C = (size_t)c->n_ctx, row_bytes = (size_t)E * c->kv_elt;
+    size_t ES = (size_t)(E + 15) & ~(size_t)15;  /* lane row stride */
     float kq_scale = 1.0f / sqrtf((float)E);
     /* the reference attends over cells padded to 256 (at most the cache) */
     int used = a->pos + a->T, nkv = (used + 255) & ~255;
@@ -1121,99 +1251,110 @@ static void attn_worker(void *p, int ith, int nth)
     int kq_lanes = f16 && a->T >= 2 && E % 16 == 0 && nkv % 4 == 0;
     int pv_lanes = a->T >= 2 && nkv % 16 == 0 && E % 4 == 0;
     int n_acc = pv_lanes ? 16 : 64, np = pv_lanes ? used : nkv & ~63;
-    int n_tasks = (a->T - a->q0) * K;
-    /* tasks dealt round-robin: later queries see more cells */
-    for (int task = ith; task < n_tasks; task += nth) {
-        int t = a->q0 + task / K, kh = task % K, n_kv = a->pos + t + 1;
-        for (int g = 0; g < G; g++) {
-            const float *q = c->q + (size_t)t * H * E + (size_t)(kh * G + g) * E;
+    int qb = pv_lanes ? ATTN_QB : 1, nq = a->T - a->q0, nb = (nq + qb - 1) / qb;
+    int R = qb * G;                                          /* (row, head) pairs */
+    double *tail = (double *)(c->tscratch + (size_t)ith * c->tscratch_n); /* (R, E) */
+    float *s = (float *)(tail + (size_t)R * E);              /* (R, C) scores */
+    float *qf = s + (size_t)R * C;                           /* (R, E) */
+    float *row = qf + (size_t)R * E;                         /* (E) */
+    float *acc = row + ES;                                   /* (R, n_acc, ES) lane sums */
+    /* tasks dealt round-robin: later blocks see more cells */
+    for (int task = ith; task < nb * K; task += nth) {
+        int t0 = a->q0 + (task / K) * qb, kh = task % K;
+        int nt = a->T - t0 < qb ? a->T - t0 : qb, n_kv = a->pos + t0 + nt;
+        const uint8_t *kc = c->k_cache + ((size_t)a->layer * K + kh) * C * row_bytes;
+        const uint8_t *vc = c->v_cache + ((size_t)a->layer * K + kh) * C * row_bytes;
+        for (int r = 0; r < nt * G; r++) {
+            const float *q = c->q + (size_t)(t0 + r / G) * H * E + (size_t)(kh * G + r % G) * E;
             if (f16)
-                round_f16_row(q, qf + (size_t)g * E, E);
+                round_f16_row(q, qf + (size_t)r * E, E);
             else
-                memcpy(qf + (size_t)g * E, q, (size_t)E * 4);
+                memcpy(qf + (size_t)r * E, q, (size_t)E * 4);
         }
         for (int j = 0; j < n_kv; j++) {
-            const uint8_t *kr = kc + ((size_t)j * lrow + (size_t)kh * E) * c->kv_elt;
+            const uint8_t *kr = kc + (size_t)j * row_bytes;
             const float *kf = (const float *)kr;
             if (f16) {
                 f16_to_f32_row((const uint16_t *)kr, row, E);
                 kf = row;
             }
-            for (int g = 0; g < G; g++) {
-                const float *qg = qf + (size_t)g * E;
-                float d = kq_lanes ? dot_lanes(kf, qg, E) : dot_rows(kf, qg, E);
-                s[(size_t)g * C + j] = d * kq_scale;
+            /* causal: row t sees cells up to pos + t */
+            for (int r = (j > a->pos + t0 ? j - a->pos - t0 : 0) * G; r < nt * G; r++) {
+                const float *qr = qf + (size_t)r * E;
+                float d = kq_lanes ? dot_lanes(kf, qr, E) : dot_rows(kf, qr, E);
+                s[(size_t)r * C + j] = d * kq_scale;
             }
         }
-        for (int g = 0; g < G; g++) {
-            softmax_ref(s + (size_t)g * C, n_kv, nkv & ~15);
+        for (int r = 0; r < nt * G; r++) {
+            int nr = a->pos + t0 + r / G + 1;
+            softmax_ref(s + (size_t)r * C, nr, nkv & ~15);
             if (f16)
-                round_f16_row(s + (size_t)g * C, s + (size_t)g * C, n_kv);
+                round_f16_row(s + (size_t)r * C, s + (size_t)r * C, nr);
         }
         /* out[e] = Σ_j p_j·v_j[e]: cell j feeds lane j mod n_acc (below np),
-         * the rest is the double tail of the row-dot form */
-        memset(acc, 0, (size_t)G * n_acc * E * sizeof(float));
+         * the rest is the double tail of the row-dot form. Lane by lane, so
+         * one lane's rows stay in L1 while its cells stream past; only the
+         * lanes that receive a cell are written and read. */
+        int nl = n_kv < np ? n_kv : np;
+        nl = nl < n_acc ? nl : n_acc;
+        int jend = n_kv < np ? n_kv : np, r_first0 = a->pos + t0;
+        for (int l = 0; l < nl; l++) {
+            for (int r = 0; r < nt * G; r++)
+                memset(acc + ((size_t)r * n_acc + (size_t)l) * ES, 0, ES * sizeof(float));
+            for (int j = l; j < jend; j += n_acc) {
+                const uint8_t *vr = vc + (size_t)j * row_bytes;
+                const float *vf = (const float *)vr;
+                if (f16) {
+                    f16_to_f32_row((const uint16_t *)vr, row, E);
+                    vf = row;
+                }
+                for (int r = (j > r_first0 ? j - r_first0 : 0) * G; r < nt * G; r++)
+                    fma_row(acc + ((size_t)r * n_acc + (size_t)l) * ES, vf, s[(size_t)r * C + j], E);
+            }
+        }
         int has_tail = n_kv > np;
         if (has_tail)
-            memset(tail, 0, (size_t)G * E * sizeof(double));
-        for (int j = 0; j < n_kv; j++) {
-            const uint8_t *vr = vc + ((size_t)j * lrow + (size_t)kh * E) * c->kv_elt;
+            memset(tail, 0, (size_t)nt * G * E * sizeof(double));
+        for (int j = np; j < n_kv; j++) {
+            const uint8_t *vr = vc + (size_t)j * row_bytes;
             const float *vf = (const float *)vr;
             if (f16) {
                 f16_to_f32_row((const uint16_t *)vr, row, E);
                 vf = row;
             }
-            for (int g = 0; g < G; g++) {
-                float pj = s[(size_t)g * C + j];
-                if (j < np) {
-                    float *ac = acc + ((size_t)g * n_acc + (size_t)(j % n_acc)) * E;
-                    for (int e = 0; e < E; e++)
-                        ac[e] = fmaf(vf[e], pj, ac[e]);
-                } else {
-                    for (int e = 0; e < E; e++)
-                        tail[(size_t)g * E + e] += (double)(vf[e] * pj);
-                }
-            }
+            for (int r = (j > r_first0 ? j - r_first0 : 0) * G; r < nt * G; r++)
+                for (int e = 0; e < E; e++)
+                    tail[(size_t)r * E + e] += (double)(vf[e] * s[(size_t)r * C + j]);
         }
-        for (int g = 0; g < G; g++) {
-            float *out = c->ao + (size_t)t * H * E + (size_t)(kh * G + g) * E;
-            const float *ag = acc + (size_t)g * n_acc * E;
-            for (int e = 0; e < E; e++) {
-                float f[16];
-                for (int l = 0; l < 16; l++)
-                    f[l] = pv_lanes ? ag[(size_t)l * E + e]
-                                    : (ag[(size_t)l * E + e] + ag[(size_t)(32 + l) * E + e]) +
-                                      (ag[(size_t)(16 + l) * E + e] + ag[(size_t)(48 + l) * E + e]);
-                if (pv_lanes) {
-                    out[e] = red16(f);
-                } else {
-                    double r = red16(f);
-                    if (has_tail)
-                        r += tail[(size_t)g * E + e];
-                    out[e] = (float)r;
-                }
-            }
+        for (int r = 0; r < nt * G; r++) {
+            int t = t0 + r / G, g = r % G;
+            fold_lanes(acc + (size_t)r * n_acc * ES, nl, n_acc, E, has_tail ? tail + (size_t)r * E : NULL,
+                       c->ao + (size_t)t * H * E + (size_t)(kh * G + g) * E);
         }
     }
 }
 
+/* Stores rows r0..r1-1 of the chunk's K/V (T, K*E) in their cells; the
+ * cache is head-major (layer, kv head, cell, E) so that attention reads
+ * each head's cells as one contiguous stream. */
 static void kv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
 {
     (void)ith;
     const struct attn_arg *a = p;
     const struct model_hp *hp = &c->m->hp;
-    size_t lrow = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t base = ((size_t)a->layer * c->n_ctx + (size_t)a->pos) * lrow;
-    for (int t = r0; t < r1; t++) {
-        size_t off = (base + (size_t)t * lrow) * c->kv_elt;
-        if (c->kv_type == KV_F16) {
-            f32_to_f16_row(c->k + (size_t)t * lrow, (uint16_t *)(c->k_cache + off), (int)lrow);
-            f32_to_f16_row(c->v + (size_t)t * lrow, (uint16_t *)(c->v_cache + off), (int)lrow);
-        } else {
-            memcpy(c->k_cache + off, c->k + (size_t)t * lrow, lrow * 4);
-            memcpy(c->v_cache + off, c->v + (size_t)t * lrow, lrow * 4);
+    int E = hp->head_dim, K = hp->n_head_kv;
+    for (int t = r0; t < r1; t++)
+        for (int h = 0; h < K; h++) {
+            size_t off = ((((size_t)a->layer * K + h) * c->n_ctx) + (size_t)(a->pos + t)) * E * c->kv_elt;
+            const float *k = c->k + ((size_t)t * K + h) * E, *v = c->v + ((size_t)t * K + h) * E;
+            if (c->kv_type == KV_F16) {
+                f32_to_f16_row(k, (uint16_t *)(c->k_cache + off), E);
+                f32_to_f16_row(v, (uint16_t *)(c->v_cache + off), E);
+            } else {
+                memcpy(c->k_cache + off, k, (size_t)E * 4);
+                memcpy(c->v_cache + off, v, (size_t)E * 4);
+            }
         }
-    }
 }
 
 /* The attention of one layer for the chunk: stores its K/V rows (T, K*E) in
@@ -1231,6 +1372,7 @@ static void attn_forward(struct model_ctx *c, int layer, int T, int pos, int q0)
 
 /* ==== one forward pass over a chunk ==== */
 
+/* c->xn (n, D) ← SwiGLU FFN of the normed rows c->xn. */
 static void ffn_dense(struct model_ctx *c, const struct layer *ly, int n)
 {
     const struct model_hp *hp = &c->m->hp;
@@ -1244,26 +1386,17 @@ static void ffn_dense(struct model_ctx *c, const struct layer *ly, int n)
     mm_run(c, &down, 1);
 }
 
-/* Router: softmax over the experts (sum in double, as the reference's
- * soft_max), top-U by probability (ties to the lower id), weights
- * renormalised over the chosen ones (sum clamped below at 2^-14). */
+/* Router: softmax over the experts (the reference's soft_max row), top-U by
+ * probability (ties to the lower id), weights renormalised over the chosen
+ * ones (their sum in double, clamped below at 2^-14). */
 static void route_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
 {
     (void)p, (void)ith;
     const struct model_hp *hp = &c->m->hp;
     int X = hp->n_expert, U = hp->n_expert_used;
     for (int t = r0; t < r1; t++) {
-        float *pr = c->router + (size_t)t * X, mx = -INFINITY;
-        for (int e = 0; e < X; e++)
-            mx = pr[e] > mx ? pr[e] : mx;
-        double sum = 0.0;
-        for (int e = 0; e < X; e++) {
-            pr[e] = expf(pr[e] - mx);
-            sum += (double)pr[e];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int e = 0; e < X; e++)
-            pr[e] *= inv;
+        float *pr = c->router + (size_t)t * X;
+        softmax_ref(pr, X, X & ~15);
         int *sel = c->sel + (size_t)t * U;
         float *w = c->selw + (size_t)t * U;
         double wsum = 0.0;
@@ -1293,11 +1426,12 @@ static void route_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
  * adds the U results one after another. */
 static void moe_sum_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
 {
-    (void)p, (void)ith;
+    (void)ith;
+    float *x0 = (float *)p;   /* (n, D) the residual rows */
     const struct model_hp *hp = &c->m->hp;
     int D = hp->n_embd, U = hp->n_expert_used;
     for (int t = r0; t < r1; t++) {
-        float *x = c->x + (size_t)t * D;
+        float *x = x0 + (size_t)t * D;
         const int *rows = c->selrow + (size_t)t * U;
         const float *w = c->selw + (size_t)t * U;
         for (int i = 0; i < D; i++) {
@@ -1340,7 +1474,8 @@ static int moe_jobs(struct model_ctx *c, const struct mat *w, const uint8_t *a, 
     return nj;
 }
 
-static void ffn_moe(struct model_ctx *c, const struct layer *ly, int n)
+/* x (n, D) += MoE FFN of the normed rows c->xn. */
+static void ffn_moe(struct model_ctx *c, const struct layer *ly, float *x, int n)
 {
     const struct model_hp *hp = &c->m->hp;
     int D = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used, Fe = hp->n_ff_exp;
@@ -1382,7 +1517,7 @@ static void ffn_moe(struct model_ctx *c, const struct layer *ly, int n)
     a = act_get(c, quant_type(ly->down_exps.type)->dot_type, &lda);
     nj = moe_jobs(c, &ly->down_exps, a, lda, c->eo, (size_t)D, c->jobs);
     mm_run(c, c->jobs, nj);
-    rows_run(c, moe_sum_rows, NULL, n, (size_t)D * U);
+    rows_run(c, moe_sum_rows, x, n, (size_t)D * U);
 }
 
 /* Token embeddings of the chunk into c->x (dequantised rows). */
@@ -1426,11 +1561,7 @@ static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
     struct norm_arg nf = {x, c->xn, ly->ffn_norm};
     rows_run(c, norm_rows, &nf, n, (size_t)D);
     if (ly->moe) {
-        /* the MoE path sums into c->x itself: point it at the live rows */
-        float *x0 = c->x;
-        c->x = x;
-        ffn_moe(c, ly, n);
-        c->x = x0;
+        ffn_moe(c, ly, x, n);
     } else {
         ffn_dense(c, ly, n);
         struct resid_arg rf = {x, c->xn, NULL};

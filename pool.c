@@ -11,6 +11,7 @@
 #include "strata.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -157,6 +158,12 @@ void pool_run(struct pool *p, void (*fn)(void *arg, int i, int n), void *arg)
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     pool_bump(p);
     fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1)
-        pool_relax();
+    /* spin while the workers are likely running; yield once they may have
+     * been descheduled (more runnable threads than cores) */
+    for (int k = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; k++) {
+        if (k < POOL_SPIN)
+            pool_relax();
+        else
+            sched_yield();
+    }
 }

@@ -549,23 +549,76 @@ static inline int k3_scale(int j, const uint8_t *s)
     return (lo | hi << 4) - 32;
 }
 
-/* Element k (of 256) of the 2-bit planes used by Q2_K and Q3_K: each 128-element
- * half holds 32 bytes, plane j (elements 32j..32j+31) in bits 2j..2j+1. */
-static inline int k2bits(const uint8_t *qs, int k)
+/* ---- K-quant unpacking: a super-block's levels to 256 bytes ---- */
+
+#ifdef QUANT_AVX2
+static inline __m256i load256(const void *p)
 {
-    int h = k / 128, r = k % 128;
-    return (qs[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+static inline void store256(void *p, __m256i v)
+{
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* Bytes b >> k then masked with m, with 16-bit shifts: the mask clears what
+ * crossed in from the neighbouring byte. */
+static inline __m256i shr_mask(__m256i v, int k, int m)
+{
+    return _mm256_and_si256(_mm256_srli_epi16(v, k), _mm256_set1_epi8((char)m));
+}
+#endif
+
+/* The 2-bit planes of Q2_K and Q3_K: each 128-element half holds 32 bytes,
+ * elements 32j..32j+31 of the half in bits 2j..2j+1. */
+static void k2_unpack(const uint8_t *qs, uint8_t *u)
+{
+    for (int h = 0; h < 2; h++) {
+#ifdef QUANT_AVX2
+        __m256i q = load256(qs + 32 * h);
+        for (int j = 0; j < 4; j++)
+            store256(u + 128 * h + 32 * j, shr_mask(q, 2 * j, 3));
+#else
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++)
+                u[128 * h + 32 * j + l] = (qs[32 * h + l] >> (2 * j)) & 3;
+#endif
+    }
+}
+
+/* The extra bit planes of Q3_K and Q5_K: element k's bit is bit k/32 of
+ * byte k%32; it is ORed into u at bit position `at`. */
+static void khigh_or(const uint8_t *bits, uint8_t *u, int at)
+{
+#ifdef QUANT_AVX2
+    __m256i b = load256(bits);
+    for (int p = 0; p < 8; p++) {
+        __m256i h = _mm256_slli_epi16(shr_mask(b, p, 1), at);
+        store256(u + 32 * p, _mm256_or_si256(load256(u + 32 * p), h));
+    }
+#else
+    for (int k = 0; k < QK; k++)
+        u[k] |= (uint8_t)(((bits[k % 32] >> (k / 32)) & 1) << at);
+#endif
 }
 
 /* The 4-bit layout of Q4_K/Q5_K: 32 bytes per 64 elements, elements 0..31
  * of the 64 in the low nibbles, 32..63 in the high ones. */
 static void k4_unpack(const uint8_t *qs, uint8_t *u)
 {
-    for (int p = 0; p < 4; p++)
+    for (int p = 0; p < 4; p++) {
+#ifdef QUANT_AVX2
+        __m256i q = load256(qs + 32 * p);
+        store256(u + 64 * p, _mm256_and_si256(q, _mm256_set1_epi8(15)));
+        store256(u + 64 * p + 32, shr_mask(q, 4, 15));
+#else
         for (int l = 0; l < 32; l++) {
             u[64 * p + l] = qs[32 * p + l] & 15;
             u[64 * p + l + 32] = qs[32 * p + l] >> 4;
         }
+#endif
+    }
 }
 
 /* The 6-bit values of Q6_K, 0..63 (the stored value is this minus 32): per
@@ -573,27 +626,42 @@ static void k4_unpack(const uint8_t *qs, uint8_t *u)
  * (j < 2) or high nibbles of ql and its top 2 bits from bits 2j of qh. */
 static void k6_unpack(const blk_q6_K *x, uint8_t *u)
 {
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < 2; h++) {
+        uint8_t *uh = u + 128 * h;
+#ifdef QUANT_AVX2
+        __m256i l0 = load256(x->ql + 64 * h), l1 = load256(x->ql + 64 * h + 32);
+        __m256i qh = load256(x->qh + 32 * h), lo = _mm256_set1_epi8(15);
+        __m256i top = _mm256_set1_epi8(0x30);
+        store256(uh, _mm256_or_si256(_mm256_and_si256(l0, lo),
+                                     _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)));
+        store256(uh + 32, _mm256_or_si256(_mm256_and_si256(l1, lo),
+                                          _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)));
+        store256(uh + 64, _mm256_or_si256(shr_mask(l0, 4, 15), _mm256_and_si256(qh, top)));
+        store256(uh + 96, _mm256_or_si256(shr_mask(l1, 4, 15), shr_mask(qh, 2, 0x30)));
+#else
         for (int l = 0; l < 32; l++) {
             const uint8_t *ql = x->ql + 64 * h, qh = x->qh[32 * h + l];
-            uint8_t *uh = u + 128 * h;
             uh[l] = (uint8_t)((ql[l] & 15) | (qh & 3) << 4);
             uh[l + 32] = (uint8_t)((ql[l + 32] & 15) | ((qh >> 2) & 3) << 4);
             uh[l + 64] = (uint8_t)((ql[l] >> 4) | ((qh >> 4) & 3) << 4);
             uh[l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh >> 6) & 3) << 4);
         }
+#endif
+    }
 }
 
 static void q2_K_to_f32(const void *vx, float *y, int64_t n)
 {
     const blk_q2_K *x = vx;
+    uint8_t u[QK];
     for (int64_t i = 0; i < n / QK; i++, y += QK) {
         float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
+        k2_unpack(x[i].qs, u);
         for (int s = 0; s < 16; s++) {
             int sc = x[i].scales[s];
             float dl = d * (sc & 15), ml = dmin * (sc >> 4);
             for (int k = 16 * s; k < 16 * s + 16; k++)
-                y[k] = dl * k2bits(x[i].qs, k) - ml;
+                y[k] = dl * u[k] - ml;
         }
     }
 }
@@ -601,14 +669,15 @@ static void q2_K_to_f32(const void *vx, float *y, int64_t n)
 static void q3_K_to_f32(const void *vx, float *y, int64_t n)
 {
     const blk_q3_K *x = vx;
+    uint8_t u[QK];
     for (int64_t i = 0; i < n / QK; i++, y += QK) {
         float d = fp16(x[i].d);
+        k2_unpack(x[i].qs, u);
+        khigh_or(x[i].hmask, u, 2); /* u = level + 4: the high bit set means +0, clear -4 */
         for (int s = 0; s < 16; s++) {
             float dl = d * k3_scale(s, x[i].scales);
-            for (int k = 16 * s; k < 16 * s + 16; k++) {
-                int high = (x[i].hmask[k % 32] >> (k / 32)) & 1;
-                y[k] = dl * (k2bits(x[i].qs, k) - (high ? 0 : 4));
-            }
+            for (int k = 16 * s; k < 16 * s + 16; k++)
+                y[k] = dl * (u[k] - 4);
         }
     }
 }
@@ -637,12 +706,13 @@ static void q5_K_to_f32(const void *vx, float *y, int64_t n)
     for (int64_t i = 0; i < n / QK; i++, y += QK) {
         float d = fp16(x[i].d), dmin = fp16(x[i].dmin);
         k4_unpack(x[i].qs, u);
+        khigh_or(x[i].qh, u, 4);
         for (int s = 0; s < 8; s++) {
             int sc, m;
             k4_scale_min(s, x[i].scales, &sc, &m);
             float dl = d * sc, ml = dmin * m;
             for (int k = 32 * s; k < 32 * s + 32; k++)
-                y[k] = dl * (u[k] + ((x[i].qh[k % 32] >> s) & 1) * 16) - ml;
+                y[k] = dl * u[k] - ml;
         }
     }
 }
@@ -1376,8 +1446,7 @@ static void ksb_q2_K(const void *vx, struct ksb *k)
         k->sc[s] = x->scales[s] & 15;
         k->mn[s] = x->scales[s] >> 4;
     }
-    for (int i = 0; i < QK; i++)
-        k->u[i] = (uint8_t)k2bits(x->qs, i);
+    k2_unpack(x->qs, k->u);
 }
 
 static void ksb_q3_K(const void *vx, struct ksb *k)
@@ -1391,8 +1460,8 @@ static void ksb_q3_K(const void *vx, struct ksb *k)
         k->sc[s] = (int16_t)k3_scale(s, x->scales);
         k->mn[s] = 0;
     }
-    for (int i = 0; i < QK; i++)
-        k->u[i] = (uint8_t)(k2bits(x->qs, i) | ((x->hmask[i % 32] >> (i / 32)) & 1) << 2);
+    k2_unpack(x->qs, k->u);
+    khigh_or(x->hmask, k->u, 2);
 }
 
 static void ksb_q4_K(const void *vx, struct ksb *k)
@@ -1425,8 +1494,7 @@ static void ksb_q5_K(const void *vx, struct ksb *k)
         k->mn[s] = (int16_t)m;
     }
     k4_unpack(x->qs, k->u);
-    for (int i = 0; i < QK; i++) /* the fifth bit of sub-block s is bit s of qh */
-        k->u[i] |= (uint8_t)(((x->qh[i % 32] >> (i / 32)) & 1) << 4);
+    khigh_or(x->qh, k->u, 4);
 }
 
 static void ksb_q6_K(const void *vx, struct ksb *k)
@@ -1597,33 +1665,648 @@ KSB_DOT(iq2_s)
 KSB_DOT(iq3_xxs)
 KSB_DOT(iq3_s)
 
+/* ==== AVX2 row dots: one weight row with one activation row ==== */
+
+#ifdef QUANT_AVX2
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum256i(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* acc + sums of 4 products of unsigned bytes u and signed bytes s. Without
+ * VNNI the 16-bit pair sums saturate above 32767: callers keep u <= 127. */
+static inline __m256i udot256(__m256i acc, __m256i u, __m256i s)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* Signed by signed: |x| times y with x's sign (|x| <= 128 keeps pairs exact). */
+static inline __m256i sdot256(__m256i acc, __m256i x, __m256i y)
+{
+    return udot256(acc, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..15). */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
+
+/* The 32 bits at p as 32 bytes, 0x10 where the bit is set: Q5's fifth bit. */
+static inline __m256i fifth_bits(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                              0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    b = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+static void dot_q8_0_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q8_0 *w = vw, *a = va;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 1 < n / 32; b += 2) { /* two chains hide the FMA latency */
+        __m256i p0 = sdot256(_mm256_setzero_si256(), load256(w[b].qs), load256(a[b].qs));
+        __m256i p1 = sdot256(_mm256_setzero_si256(), load256(w[b + 1].qs), load256(a[b + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b].d) * fp16(a[b].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b + 1].d) * fp16(a[b + 1].d)),
+                               _mm256_cvtepi32_ps(p1), acc1);
+    }
+    for (; b < n / 32; b++) {
+        __m256i p = sdot256(_mm256_setzero_si256(), load256(w[b].qs), load256(a[b].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b].d) * fp16(a[b].d)), _mm256_cvtepi32_ps(p), acc0);
+    }
+    *s = hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+/* Q4_0 and Q5_0: unsigned levels u minus a bias, times Q8_0. The bias term
+ * bias * sum(a) comes from a second product with a constant vector. */
+static inline __m256 q_biased_block(__m256 acc, __m256i u, int bias, const blk_q8_0 *a, float dw)
+{
+    __m256i qa = load256(a->qs);
+    __m256i p = udot256(_mm256_setzero_si256(), u, qa);
+    p = _mm256_sub_epi32(p, udot256(_mm256_setzero_si256(), _mm256_set1_epi8((char)bias), qa));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dw * fp16(a->d)), _mm256_cvtepi32_ps(p), acc);
+}
+
+static void dot_q4_0_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q4_0 *w = vw;
+    const blk_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / 32; b++)
+        acc = q_biased_block(acc, nibbles32(w[b].qs), 8, &a[b], fp16(w[b].d));
+    *s = hsum256(acc);
+}
+
+static void dot_q5_0_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q5_0 *w = vw;
+    const blk_q8_0 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / 32; b++) {
+        __m256i u = _mm256_or_si256(nibbles32(w[b].qs), fifth_bits(w[b].qh));
+        acc = q_biased_block(acc, u, 16, &a[b], fp16(w[b].d));
+    }
+    *s = hsum256(acc);
+}
+
+static void dot_q4_1_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q4_1 *w = vw;
+    const blk_q8_1 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int b = 0; b < n / 32; b++) {
+        __m256i p = udot256(_mm256_setzero_si256(), nibbles32(w[b].qs), load256(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b].d) * fp16(a[b].d)), _mm256_cvtepi32_ps(p), acc);
+        mins += fp16(w[b].m) * fp16(a[b].s);
+    }
+    *s = hsum256(acc) + mins;
+}
+
+static void dot_q5_1_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q5_1 *w = vw;
+    const blk_q8_1 *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int b = 0; b < n / 32; b++) {
+        __m256i u = _mm256_or_si256(nibbles32(w[b].qs), fifth_bits(w[b].qh));
+        __m256i p = udot256(_mm256_setzero_si256(), u, load256(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b].d) * fp16(a[b].d)), _mm256_cvtepi32_ps(p), acc);
+        mins += fp16(w[b].m) * fp16(a[b].s);
+    }
+    *s = hsum256(acc) + mins;
+}
+
+static void dot_iq4_nl_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_iq4_nl *w = vw;
+    const blk_q8_0 *a = va;
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / 32; b++) {
+        __m256i v = _mm256_shuffle_epi8(book, nibbles32(w[b].qs));
+        __m256i p = sdot256(_mm256_setzero_si256(), v, load256(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w[b].d) * fp16(a[b].d)), _mm256_cvtepi32_ps(p), acc);
+    }
+    *s = hsum256(acc);
+}
+
+/* A decoded super-block times a Q8_K block. Integer sums stay exact: a lane
+ * holds at most 8 * 4 * 255 * 127 * 32 < 2^31. */
+static float ksb_dot_avx2(const struct ksb *k, const blk_q8_K *a)
+{
+    __m256i acc = _mm256_setzero_si256();
+    int signed_levels = k->bias == 128; /* u > 127: use signed bytes u - 128 */
+    for (int c = 0; c < 8; c++) {
+        __m256i u = load256(k->u + 32 * c), qa = load256(a->qs + 32 * c), p;
+        if (signed_levels)
+            p = sdot256(_mm256_setzero_si256(), _mm256_xor_si256(u, _mm256_set1_epi8(-128)), qa);
+        else
+            p = udot256(_mm256_setzero_si256(), u, qa);
+        /* lanes 0-3 cover the first 16 elements of the 32, lanes 4-7 the rest */
+        __m256i sc = k->sb == 32 ? _mm256_set1_epi32(k->sc[c])
+                                 : _mm256_setr_epi32(k->sc[2 * c], k->sc[2 * c], k->sc[2 * c], k->sc[2 * c],
+                                                     k->sc[2 * c + 1], k->sc[2 * c + 1],
+                                                     k->sc[2 * c + 1], k->sc[2 * c + 1]);
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc));
+    }
+    int isum = hsum256i(acc), msum = 0, shift = k->sb == 32;
+    for (int g = 0; g < 16; g++) {
+        int s = g >> shift; /* the sub-block holding bsums group g */
+        if (!signed_levels)
+            isum -= k->bias * k->sc[s] * a->bsums[g];
+        msum += k->mn[s] * a->bsums[g];
+    }
+    return a->d * (k->d * (float)isum - k->dmin * (float)msum);
+}
+
+/* ---- fused K-quant dots: unpack in registers, no trip through memory ----
+ * maddubs makes 16-bit pair sums (at most 2 * 63 * 127, no saturation), and
+ * madd with the sub-block scale widens them to 32 bits, scaled. */
+
+/* The 8 (scale, min) pairs of Q4_K/Q5_K as bytes of two 64-bit words,
+ * sub-block s in byte s (kept in registers: no store-to-load round trip). */
+static inline void k4_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn)
+{
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    uint32_t sc_lo = a & 0x3f3f3f3f, mn_lo = b & 0x3f3f3f3f;
+    uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
+    uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *mn = mn_lo | (uint64_t)mn_hi << 32;
+}
+
+/* sum over the 8 sub-blocks of mn[s] * (bsums[2s] + bsums[2s+1]), as 8 lanes */
+static inline __m256i k4_minsum(uint64_t mn, const int16_t *bsums)
+{
+    __m128i m8 = _mm_cvtsi64_si128((long long)mn);
+    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... */
+    return _mm256_madd_epi16(load256(bsums), m16);
+}
+
+static inline __m256i scaled_pairs(__m256i u, __m256i a, int sc)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16((short)sc));
+}
+
+#ifndef QUANT_AVX512 /* AVX-512 builds use the wider kernels below */
+static void dot_q4_K_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q4_K *w = vw;
+    const blk_q8_K *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    uint64_t sc, mn;
+    for (int i = 0; i < n / QK; i++) {
+        k4_scales8(w[i].scales, &sc, &mn);
+        __m256i isum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i q = load256(w[i].qs + 32 * p);
+            __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(15)), hi = shr_mask(q, 4, 15);
+            isum = _mm256_add_epi32(isum, scaled_pairs(lo, load256(a[i].qs + 64 * p), (sc >> (16 * p)) & 63));
+            isum = _mm256_add_epi32(isum, scaled_pairs(hi, load256(a[i].qs + 64 * p + 32), (sc >> (16 * p + 8)) & 63));
+        }
+        float d = a[i].d * fp16(w[i].d), dmin = a[i].d * fp16(w[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(k4_minsum(mn, a[i].bsums)), acc);
+    }
+    *s = hsum256(acc);
+}
+
+#endif
+
+static void dot_q5_K_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q5_K *w = vw;
+    const blk_q8_K *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    uint64_t sc, mn;
+    for (int i = 0; i < n / QK; i++) {
+        k4_scales8(w[i].scales, &sc, &mn);
+        __m256i qh = load256(w[i].qh), isum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i q = load256(w[i].qs + 32 * p);
+            /* the fifth bit of sub-block s is bit s of qh: 2p and 2p + 1 here */
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(15)),
+                                         _mm256_slli_epi16(shr_mask(qh, 2 * p, 1), 4));
+            __m256i hi = _mm256_or_si256(shr_mask(q, 4, 15),
+                                         _mm256_slli_epi16(shr_mask(qh, 2 * p + 1, 1), 4));
+            isum = _mm256_add_epi32(isum, scaled_pairs(lo, load256(a[i].qs + 64 * p), (sc >> (16 * p)) & 63));
+            isum = _mm256_add_epi32(isum, scaled_pairs(hi, load256(a[i].qs + 64 * p + 32), (sc >> (16 * p + 8)) & 63));
+        }
+        float d = a[i].d * fp16(w[i].d), dmin = a[i].d * fp16(w[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(k4_minsum(mn, a[i].bsums)), acc);
+    }
+    *s = hsum256(acc);
+}
+
+/* Q6_K: levels 0..63 (the stored value + 32); 16 signed scales, one per 16
+ * elements, so a 32-byte vector spans two: its low 128 bits take the first. */
+static inline __m256i two_scales(int a, int b)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+}
+
+#ifndef QUANT_AVX512
+static void dot_q6_K_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q6_K *w = vw;
+    const blk_q8_K *a = va;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i lo4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    for (int i = 0; i < n / QK; i++) {
+        const int8_t *sc = w[i].scales;
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = load256(w[i].ql + 64 * h), l1 = load256(w[i].ql + 64 * h + 32);
+            __m256i qh = load256(w[i].qh + 32 * h);
+            __m256i u[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
+                _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
+                _mm256_or_si256(shr_mask(l0, 4, 15), _mm256_and_si256(qh, top)),
+                _mm256_or_si256(shr_mask(l1, 4, 15), shr_mask(qh, 2, 0x30)),
+            };
+            for (int j = 0; j < 4; j++) {
+                const int8_t *scj = sc + 8 * h + 2 * j;
+                __m256i pr = _mm256_maddubs_epi16(u[j], load256(a[i].qs + 128 * h + 32 * j));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pr, two_scales(scj[0], scj[1])));
+            }
+        }
+        /* the levels carry +32: take out 32 * sum(sc * a) via the 16-sums */
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(a[i].bsums), sc16), 5);
+        isum = _mm256_sub_epi32(isum, bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(w[i].d)), _mm256_cvtepi32_ps(isum), acc);
+    }
+    *s = hsum256(acc);
+}
+
+#endif
+
+#define KSB_DOT_AVX2(type)                                                        \
+    static void dot_##type##_avx2(int n, float *s, const void *vw, const void *va) \
+    {                                                                             \
+        const blk_##type *w = vw;                                                 \
+        const blk_q8_K *a = va;                                                   \
+        struct ksb k;                                                             \
+        float sum = 0;                                                            \
+        for (int i = 0; i < n / QK; i++) {                                        \
+            ksb_##type(&w[i], &k);                                                \
+            sum += ksb_dot_avx2(&k, &a[i]);                                       \
+        }                                                                         \
+        *s = sum;                                                                 \
+    }
+KSB_DOT_AVX2(q2_K)
+KSB_DOT_AVX2(q3_K)
+KSB_DOT_AVX2(iq4_xs)
+KSB_DOT_AVX2(iq2_xxs)
+KSB_DOT_AVX2(iq2_xs)
+KSB_DOT_AVX2(iq2_s)
+KSB_DOT_AVX2(iq3_xxs)
+KSB_DOT_AVX2(iq3_s)
+
+static void dot_f32_avx2(int n, float *s, const void *vw, const void *va)
+{
+    const float *w = vw, *a = va;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
+    float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++)
+        sum += w[i] * a[i];
+    *s = sum;
+}
+
+static inline __m256 f16x8(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m256 bf16x8(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+#define FLOAT16_DOT(name, widen, scalar)                                           \
+    static void name(int n, float *s, const void *vw, const void *va)            \
+    {                                                                            \
+        const uint16_t *w = vw, *a = va;                                         \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), \
+                         _mm256_setzero_ps()};                                   \
+        int i = 0;                                                               \
+        for (; i + 32 <= n; i += 32)                                             \
+            for (int k = 0; k < 4; k++)                                          \
+                acc[k] = _mm256_fmadd_ps(widen(w + i + 8 * k), widen(a + i + 8 * k), acc[k]); \
+        float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),         \
+                                          _mm256_add_ps(acc[2], acc[3])));       \
+        for (; i < n; i++)                                                       \
+            sum += scalar(w[i]) * scalar(a[i]);                                  \
+        *s = sum;                                                                \
+    }
+FLOAT16_DOT(dot_f16_avx2, f16x8, fp16)
+FLOAT16_DOT(dot_bf16_avx2, bf16x8, quant_bf16_to_f32)
+#endif
+
+/* ==== AVX-512 row dots: two legacy blocks or half a super-block per step ==== */
+
+#ifdef QUANT_AVX512
+static inline __m512i join256(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* The nibbles of two 4-bit blocks as 64 bytes in element order. */
+static inline __m512i nibbles64(const uint8_t *q0, const uint8_t *q1)
+{
+    __m256i q = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)q1),
+                                 _mm_loadu_si128((const __m128i *)q0));
+    /* 128-bit lanes: q0 low, q1 low, q0 high, q1 high -> q0 low, q0 high, ... */
+    __m512i z = join256(q, _mm256_srli_epi16(q, 4));
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_and_si512(z, _mm512_set1_epi8(15));
+}
+
+/* The product of two scales per block: block b in lanes 0-7, b + 1 in 8-15. */
+static inline __m512 scales2(uint16_t w0, uint16_t a0, uint16_t w1, uint16_t a1)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(fp16(w0) * fp16(a0)),
+                              _mm256_set1_ps(fp16(w1) * fp16(a1)), 1);
+}
+
+#define Q4_LEVELS(x0, x1) nibbles64((x0)->qs, (x1)->qs)
+/* the fifth bits of two Q5 blocks straight from a 64-bit mask */
+static inline __m512i fifth_bits64(const uint8_t *qh0, const uint8_t *qh1)
+{
+    return _mm512_maskz_mov_epi8(q5_high(qh0) | (uint64_t)q5_high(qh1) << 32, _mm512_set1_epi8(0x10));
+}
+#define Q5_LEVELS(x0, x1) _mm512_or_si512(nibbles64((x0)->qs, (x1)->qs), fifth_bits64((x0)->qh, (x1)->qh))
+#define IQ4_LEVELS(x0, x1) _mm512_xor_si512(_mm512_shuffle_epi8(book, nibbles64((x0)->qs, (x1)->qs)), \
+                                            _mm512_set1_epi8(-128))
+
+/* Weight levels u - bias (u unsigned) against Q8_0, two blocks a step; the
+ * bias meets the activations through a second product with a constant. */
+#define LEGACY_DOT512(name, wtype, LEVELS, BIAS, single)                               \
+    static void name(int n, float *s, const void *vw, const void *va)                  \
+    {                                                                                  \
+        const wtype *w = vw;                                                           \
+        const blk_q8_0 *a = va;                                                        \
+        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvalues_iq4nl)); \
+        (void)book;                                                                    \
+        __m512 acc = _mm512_setzero_ps();                                              \
+        int b = 0;                                                                     \
+        for (; b + 1 < n / 32; b += 2) {                                               \
+            __m512i qa = join256(load256(a[b].qs), load256(a[b + 1].qs));              \
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), LEVELS(&w[b], &w[b + 1]), qa); \
+            p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(_mm512_setzero_si512(),       \
+                                                        _mm512_set1_epi8(BIAS), qa)); \
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                               \
+                                  scales2(w[b].d, a[b].d, w[b + 1].d, a[b + 1].d), acc); \
+        }                                                                              \
+        float sum = _mm512_reduce_add_ps(acc), tail = 0;                               \
+        if (b < n / 32)                                                                \
+            single(32, &tail, &w[b], &a[b]);                                           \
+        *s = sum + tail;                                                               \
+    }
+LEGACY_DOT512(dot_q4_0_avx512, blk_q4_0, Q4_LEVELS, 8, dot_q4_0_avx2)
+LEGACY_DOT512(dot_q5_0_avx512, blk_q5_0, Q5_LEVELS, 16, dot_q5_0_avx2)
+LEGACY_DOT512(dot_iq4_nl_avx512, blk_iq4_nl, IQ4_LEVELS, -128, dot_iq4_nl_avx2)
+
+/* Q4_1 / Q5_1 against Q8_1: no bias; the min meets the stored d * sum(a). */
+#define LEGACY_MIN_DOT512(name, wtype, LEVELS, single)                                 \
+    static void name(int n, float *s, const void *vw, const void *va)                  \
+    {                                                                                  \
+        const wtype *w = vw;                                                           \
+        const blk_q8_1 *a = va;                                                        \
+        __m512 acc = _mm512_setzero_ps();                                              \
+        float mins = 0;                                                                \
+        int b = 0;                                                                     \
+        for (; b + 1 < n / 32; b += 2) {                                               \
+            __m512i qa = join256(load256(a[b].qs), load256(a[b + 1].qs));              \
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), LEVELS(&w[b], &w[b + 1]), qa); \
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                               \
+                                  scales2(w[b].d, a[b].d, w[b + 1].d, a[b + 1].d), acc); \
+            mins += fp16(w[b].m) * fp16(a[b].s) + fp16(w[b + 1].m) * fp16(a[b + 1].s); \
+        }                                                                              \
+        float sum = _mm512_reduce_add_ps(acc) + mins, tail = 0;                        \
+        if (b < n / 32)                                                                \
+            single(32, &tail, &w[b], &a[b]);                                           \
+        *s = sum + tail;                                                               \
+    }
+LEGACY_MIN_DOT512(dot_q4_1_avx512, blk_q4_1, Q4_LEVELS, dot_q4_1_avx2)
+LEGACY_MIN_DOT512(dot_q5_1_avx512, blk_q5_1, Q5_LEVELS, dot_q5_1_avx2)
+
+/* Lane patterns picking one 32-bit scale per group of lanes: sub-blocks of
+ * 32 (8 lanes each) and of 16 (4 lanes each). */
+static inline __m512i lanes_of(int first, int per)
+{
+    return _mm512_add_epi32(_mm512_set1_epi32(first),
+                            _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                                11, 12, 13, 14, 15), per == 8 ? 3 : 2));
+}
+
+static void dot_q4_K_avx512(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q4_K *w = vw;
+    const blk_q8_K *a = va;
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    const __m512i pick[4] = {lanes_of(0, 8), lanes_of(2, 8), lanes_of(4, 8), lanes_of(6, 8)};
+    uint64_t sc, mn;
+    for (int i = 0; i < n / QK; i++) {
+        k4_scales8(w[i].scales, &sc, &mn);
+        __m512i sc32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)), isum = _mm512_setzero_si512();
+        for (int c = 0; c < 2; c++) {
+            __m512i q = _mm512_loadu_si512(w[i].qs + 64 * c);
+            __m512i lo = _mm512_and_si512(q, _mm512_set1_epi8(15));
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(15));
+            /* 64 elements each, in order: sub-blocks 4c, 4c+1 and 4c+2, 4c+3 */
+            __m512i x = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+            __m512i y = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+            __m512i px = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, _mm512_loadu_si512(a[i].qs + 128 * c));
+            __m512i py = _mm512_dpbusd_epi32(_mm512_setzero_si512(), y, _mm512_loadu_si512(a[i].qs + 128 * c + 64));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(px, _mm512_permutexvar_epi32(pick[2 * c], sc32)));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(py, _mm512_permutexvar_epi32(pick[2 * c + 1], sc32)));
+        }
+        float d = a[i].d * fp16(w[i].d), dmin = a[i].d * fp16(w[i].dmin);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(k4_minsum(mn, a[i].bsums)), accm);
+    }
+    *s = _mm512_reduce_add_ps(acc) + hsum256(accm);
+}
+
+static void dot_q6_K_avx512(int n, float *s, const void *vw, const void *va)
+{
+    const blk_q6_K *w = vw;
+    const blk_q8_K *a = va;
+    __m512 acc = _mm512_setzero_ps();
+    const __m512i pick[4] = {lanes_of(0, 4), lanes_of(4, 4), lanes_of(8, 4), lanes_of(12, 4)};
+    /* the two 32-byte halves of a vector take their top bits from different
+     * bit pairs of the same qh bytes */
+    const __m512i up = join256(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i down = join256(_mm256_set1_epi16(0), _mm256_set1_epi16(2));
+    const __m512i lo4 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+    for (int i = 0; i < n / QK; i++) {
+        __m512i sc32 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w[i].scales));
+        __m512i isum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i ql = _mm512_loadu_si512(w[i].ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(load256(w[i].qh + 32 * h));
+            __m512i x = _mm512_or_si512(_mm512_and_si512(ql, lo4),
+                                        _mm512_and_si512(_mm512_sllv_epi16(qh, up), top));
+            __m512i y = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4),
+                                        _mm512_and_si512(_mm512_srlv_epi16(qh, down), top));
+            __m512i px = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, _mm512_loadu_si512(a[i].qs + 128 * h));
+            __m512i py = _mm512_dpbusd_epi32(_mm512_setzero_si512(), y, _mm512_loadu_si512(a[i].qs + 128 * h + 64));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(px, _mm512_permutexvar_epi32(pick[2 * h], sc32)));
+            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(py, _mm512_permutexvar_epi32(pick[2 * h + 1], sc32)));
+        }
+        /* the levels carry +32: take out 32 * sum(sc * a) via the 16-sums */
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales));
+        __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(load256(a[i].bsums), sc16), 5);
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(bias));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[i].d * fp16(w[i].d)), _mm512_cvtepi32_ps(isum), acc);
+    }
+    *s = _mm512_reduce_add_ps(acc);
+}
+
+static void dot_f32_avx512(int n, float *s, const void *vw, const void *va)
+{
+    const float *w = vw, *a = va;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16 * k), _mm512_loadu_ps(a + i + 16 * k), acc[k]);
+    float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    float tail = 0;
+    if (i < n)
+        dot_f32_avx2(n - i, &tail, w + i, a + i);
+    *s = sum + tail;
+}
+
+static inline __m512 f16x16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(load256(p));
+}
+
+static inline __m512 bf16x16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load256(p)), 16));
+}
+
+#define FLOAT16_DOT512(name, widen, tail_dot)                                      \
+    static void name(int n, float *s, const void *vw, const void *va)            \
+    {                                                                            \
+        const uint16_t *w = vw, *a = va;                                         \
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), \
+                         _mm512_setzero_ps()};                                   \
+        int i = 0;                                                               \
+        for (; i + 64 <= n; i += 64)                                             \
+            for (int k = 0; k < 4; k++)                                          \
+                acc[k] = _mm512_fmadd_ps(widen(w + i + 16 * k), widen(a + i + 16 * k), acc[k]); \
+        float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), \
+                                                       _mm512_add_ps(acc[2], acc[3]))); \
+        float tail = 0;                                                          \
+        if (i < n)                                                               \
+            tail_dot(n - i, &tail, w + i, a + i);                                \
+        *s = sum + tail;                                                         \
+    }
+FLOAT16_DOT512(dot_f16_avx512, f16x16, dot_f16_avx2)
+FLOAT16_DOT512(dot_bf16_avx512, bf16x16, dot_bf16_avx2)
+#endif
+
+/* ---- kernel choice: the fastest row dot built for each type ---- */
+
+#if defined(QUANT_AVX512)
+#define DOT_BEST(t) DOT512_##t
+#define DOT512_f32 dot_f32_avx512
+#define DOT512_f16 dot_f16_avx512
+#define DOT512_bf16 dot_bf16_avx512
+#define DOT512_q4_0 dot_q4_0_avx512
+#define DOT512_q4_1 dot_q4_1_avx512
+#define DOT512_q5_0 dot_q5_0_avx512
+#define DOT512_q5_1 dot_q5_1_avx512
+#define DOT512_q8_0 dot_q8_0_avx2
+#define DOT512_iq4_nl dot_iq4_nl_avx512
+#define DOT512_q4_K dot_q4_K_avx512
+#define DOT512_q6_K dot_q6_K_avx512
+#define DOT512_q2_K dot_q2_K_avx2
+#define DOT512_q3_K dot_q3_K_avx2
+#define DOT512_q5_K dot_q5_K_avx2
+#define DOT512_iq4_xs dot_iq4_xs_avx2
+#define DOT512_iq2_xxs dot_iq2_xxs_avx2
+#define DOT512_iq2_xs dot_iq2_xs_avx2
+#define DOT512_iq2_s dot_iq2_s_avx2
+#define DOT512_iq3_xxs dot_iq3_xxs_avx2
+#define DOT512_iq3_s dot_iq3_s_avx2
+#elif defined(QUANT_AVX2)
+#define DOT_BEST(t) dot_##t##_avx2
+#else
+#define DOT_BEST(t) dot_##t##_scalar
+#endif
+
 /* ==== the type table ==== */
 
-#define DOTS(f) f, f /* the same function as dot and dot_scalar */
+/* dot: the fastest kernel built; dot_scalar: the portable one */
+#define DOTS(t) DOT_BEST(t), dot_##t##_scalar
 
 static const struct quant_type qtypes[QT_COUNT] = {
-    [QT_F32] = {"F32", 1, 4, QT_F32, f32_to_f32, f32_from_f32, DOTS(dot_f32_scalar)},
-    [QT_F16] = {"F16", 1, 2, QT_F16, f16_to_f32, f16_from_f32, DOTS(dot_f16_scalar)},
-    [QT_BF16] = {"BF16", 1, 2, QT_BF16, bf16_to_f32, bf16_from_f32, DOTS(dot_bf16_scalar)},
-    [QT_Q4_0] = {"Q4_0", 32, 18, QT_Q8_0, q4_0_to_f32, q4_0_from_f32, DOTS(dot_q4_0_scalar)},
-    [QT_Q4_1] = {"Q4_1", 32, 20, QT_Q8_1, q4_1_to_f32, q4_1_from_f32, DOTS(dot_q4_1_scalar)},
-    [QT_Q5_0] = {"Q5_0", 32, 22, QT_Q8_0, q5_0_to_f32, q5_0_from_f32, DOTS(dot_q5_0_scalar)},
-    [QT_Q5_1] = {"Q5_1", 32, 24, QT_Q8_1, q5_1_to_f32, q5_1_from_f32, DOTS(dot_q5_1_scalar)},
-    [QT_Q8_0] = {"Q8_0", 32, 34, QT_Q8_0, q8_0_to_f32, q8_0_from_f32, DOTS(dot_q8_0_scalar)},
+    [QT_F32] = {"F32", 1, 4, QT_F32, f32_to_f32, f32_from_f32, DOTS(f32)},
+    [QT_F16] = {"F16", 1, 2, QT_F16, f16_to_f32, f16_from_f32, DOTS(f16)},
+    [QT_BF16] = {"BF16", 1, 2, QT_BF16, bf16_to_f32, bf16_from_f32, DOTS(bf16)},
+    [QT_Q4_0] = {"Q4_0", 32, 18, QT_Q8_0, q4_0_to_f32, q4_0_from_f32, DOTS(q4_0)},
+    [QT_Q4_1] = {"Q4_1", 32, 20, QT_Q8_1, q4_1_to_f32, q4_1_from_f32, DOTS(q4_1)},
+    [QT_Q5_0] = {"Q5_0", 32, 22, QT_Q8_0, q5_0_to_f32, q5_0_from_f32, DOTS(q5_0)},
+    [QT_Q5_1] = {"Q5_1", 32, 24, QT_Q8_1, q5_1_to_f32, q5_1_from_f32, DOTS(q5_1)},
+    [QT_Q8_0] = {"Q8_0", 32, 34, QT_Q8_0, q8_0_to_f32, q8_0_from_f32, DOTS(q8_0)},
     [QT_Q8_1] = {"Q8_1", 32, 36, QT_Q8_1, q8_1_to_f32, q8_1_from_f32, NULL, NULL},
-    [QT_Q2_K] = {"Q2_K", QK, 84, QT_Q8_K, q2_K_to_f32, q2_K_from_f32, DOTS(dot_q2_K_scalar)},
-    [QT_Q3_K] = {"Q3_K", QK, 110, QT_Q8_K, q3_K_to_f32, q3_K_from_f32, DOTS(dot_q3_K_scalar)},
-    [QT_Q4_K] = {"Q4_K", QK, 144, QT_Q8_K, q4_K_to_f32, q4_K_from_f32, DOTS(dot_q4_K_scalar)},
-    [QT_Q5_K] = {"Q5_K", QK, 176, QT_Q8_K, q5_K_to_f32, q5_K_from_f32, DOTS(dot_q5_K_scalar)},
-    [QT_Q6_K] = {"Q6_K", QK, 210, QT_Q8_K, q6_K_to_f32, q6_K_from_f32, DOTS(dot_q6_K_scalar)},
+    [QT_Q2_K] = {"Q2_K", QK, 84, QT_Q8_K, q2_K_to_f32, q2_K_from_f32, DOTS(q2_K)},
+    [QT_Q3_K] = {"Q3_K", QK, 110, QT_Q8_K, q3_K_to_f32, q3_K_from_f32, DOTS(q3_K)},
+    [QT_Q4_K] = {"Q4_K", QK, 144, QT_Q8_K, q4_K_to_f32, q4_K_from_f32, DOTS(q4_K)},
+    [QT_Q5_K] = {"Q5_K", QK, 176, QT_Q8_K, q5_K_to_f32, q5_K_from_f32, DOTS(q5_K)},
+    [QT_Q6_K] = {"Q6_K", QK, 210, QT_Q8_K, q6_K_to_f32, q6_K_from_f32, DOTS(q6_K)},
     [QT_Q8_K] = {"Q8_K", QK, 292, QT_Q8_K, q8_K_to_f32, q8_K_from_f32, NULL, NULL},
-    [QT_IQ2_XXS] = {"IQ2_XXS", QK, 66, QT_Q8_K, iq2_xxs_to_f32, NULL, DOTS(dot_iq2_xxs_scalar)},
-    [QT_IQ2_XS] = {"IQ2_XS", QK, 74, QT_Q8_K, iq2_xs_to_f32, NULL, DOTS(dot_iq2_xs_scalar)},
-    [QT_IQ2_S] = {"IQ2_S", QK, 82, QT_Q8_K, iq2_s_to_f32, NULL, DOTS(dot_iq2_s_scalar)},
-    [QT_IQ3_XXS] = {"IQ3_XXS", QK, 98, QT_Q8_K, iq3_xxs_to_f32, NULL, DOTS(dot_iq3_xxs_scalar)},
-    [QT_IQ3_S] = {"IQ3_S", QK, 110, QT_Q8_K, iq3_s_to_f32, NULL, DOTS(dot_iq3_s_scalar)},
-    [QT_IQ4_NL] = {"IQ4_NL", 32, 18, QT_Q8_0, iq4_nl_to_f32, iq4_nl_from_f32, DOTS(dot_iq4_nl_scalar)},
-    [QT_IQ4_XS] = {"IQ4_XS", QK, 136, QT_Q8_K, iq4_xs_to_f32, iq4_xs_from_f32, DOTS(dot_iq4_xs_scalar)},
+    [QT_IQ2_XXS] = {"IQ2_XXS", QK, 66, QT_Q8_K, iq2_xxs_to_f32, NULL, DOTS(iq2_xxs)},
+    [QT_IQ2_XS] = {"IQ2_XS", QK, 74, QT_Q8_K, iq2_xs_to_f32, NULL, DOTS(iq2_xs)},
+    [QT_IQ2_S] = {"IQ2_S", QK, 82, QT_Q8_K, iq2_s_to_f32, NULL, DOTS(iq2_s)},
+    [QT_IQ3_XXS] = {"IQ3_XXS", QK, 98, QT_Q8_K, iq3_xxs_to_f32, NULL, DOTS(iq3_xxs)},
+    [QT_IQ3_S] = {"IQ3_S", QK, 110, QT_Q8_K, iq3_s_to_f32, NULL, DOTS(iq3_s)},
+    [QT_IQ4_NL] = {"IQ4_NL", 32, 18, QT_Q8_0, iq4_nl_to_f32, iq4_nl_from_f32, DOTS(iq4_nl)},
+    [QT_IQ4_XS] = {"IQ4_XS", QK, 136, QT_Q8_K, iq4_xs_to_f32, iq4_xs_from_f32, DOTS(iq4_xs)},
 };
 
 const struct quant_type *quant_type(int qtype)
@@ -1654,10 +2337,463 @@ const char *quant_simd_name(void)
 
 /* ==== the matrix kernel ==== */
 
+/* How a weight type meets the tiled kernel: its rows unpack to unsigned
+ * levels u (one byte per element) with a float scale per sub-block of sb
+ * elements; unit is the span sharing one activation scale (32 for the legacy
+ * blocks, 256 for the Q8_K types). Element k of a row is
+ *   sc[k/sb] * (u[k] - bias) + off[...]
+ * where the offset meets the activation as off * sum(a) * da per sub-block
+ * (mins = MINS_SUB: K-quant mins) or as off * s per block (mins = MINS_Q8_1). */
+#ifdef QUANT_AVX512
+enum { MINS_NONE, MINS_SUB, MINS_Q8_1 };
+
+struct gemm_kind {
+    int sb, unit, bias, mins;
+    /* one row of n elements: u (n), sc (n/sb), off (n/sb) */
+    void (*unpack)(const void *row, int n, uint8_t *u, float *sc, float *off);
+};
+
+static void unpack_q8_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q8_0 *x = row;
+    (void)off;
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        store256(u + 32 * b, _mm256_xor_si256(load256(x[b].qs), _mm256_set1_epi8(-128)));
+    }
+}
+
+static void unpack_q4_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q4_0 *x = row;
+    (void)off;
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        store256(u + 32 * b, nibbles32(x[b].qs));
+    }
+}
+
+static void unpack_q4_1(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q4_1 *x = row;
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        off[b] = fp16(x[b].m);
+        store256(u + 32 * b, nibbles32(x[b].qs));
+    }
+}
+
+static void unpack_q5_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q5_0 *x = row;
+    (void)off;
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        store256(u + 32 * b, _mm256_or_si256(nibbles32(x[b].qs), fifth_bits(x[b].qh)));
+    }
+}
+
+static void unpack_q5_1(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q5_1 *x = row;
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        off[b] = fp16(x[b].m);
+        store256(u + 32 * b, _mm256_or_si256(nibbles32(x[b].qs), fifth_bits(x[b].qh)));
+    }
+}
+
+static void unpack_iq4_nl(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_iq4_nl *x = row;
+    (void)off;
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+    for (int b = 0; b < n / 32; b++) {
+        sc[b] = fp16(x[b].d);
+        __m256i v = _mm256_shuffle_epi8(book, nibbles32(x[b].qs));
+        store256(u + 32 * b, _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
+    }
+}
+
+#define UNPACK_KSB(type, size)                                                      \
+    static void unpack_##type(const void *row, int n, uint8_t *u, float *sc, float *off) \
+    {                                                                               \
+        struct ksb k;                                                               \
+        for (int i = 0; i < n / QK; i++) {                                          \
+            ksb_##type((const uint8_t *)row + (size_t)i * size, &k);                \
+            memcpy(u + QK * i, k.u, QK);                                            \
+            int ns = QK / k.sb;                                                     \
+            for (int s = 0; s < ns; s++) {                                          \
+                sc[ns * i + s] = k.d * k.sc[s];                                     \
+                off[ns * i + s] = -k.dmin * k.mn[s];                                \
+            }                                                                       \
+        }                                                                           \
+    }
+UNPACK_KSB(q2_K, sizeof(blk_q2_K))
+UNPACK_KSB(q3_K, sizeof(blk_q3_K))
+UNPACK_KSB(q4_K, sizeof(blk_q4_K))
+UNPACK_KSB(q5_K, sizeof(blk_q5_K))
+UNPACK_KSB(q6_K, sizeof(blk_q6_K))
+UNPACK_KSB(iq4_xs, sizeof(blk_iq4_xs))
+UNPACK_KSB(iq2_xxs, sizeof(blk_iq2_xxs))
+UNPACK_KSB(iq2_xs, sizeof(blk_iq2_xs))
+UNPACK_KSB(iq2_s, sizeof(blk_iq2_s))
+UNPACK_KSB(iq3_xxs, sizeof(blk_iq3_xxs))
+UNPACK_KSB(iq3_s, sizeof(blk_iq3_s))
+
+static const struct gemm_kind *gemm_kind(int qtype)
+{
+    static const struct gemm_kind q8_0 = {32, 32, 128, MINS_NONE, unpack_q8_0},
+                                  q4_0 = {32, 32, 8, MINS_NONE, unpack_q4_0},
+                                  q4_1 = {32, 32, 0, MINS_Q8_1, unpack_q4_1},
+                                  q5_0 = {32, 32, 16, MINS_NONE, unpack_q5_0},
+                                  q5_1 = {32, 32, 0, MINS_Q8_1, unpack_q5_1},
+                                  iq4_nl = {32, 32, 128, MINS_NONE, unpack_iq4_nl},
+                                  q2_K = {16, QK, 0, MINS_SUB, unpack_q2_K},
+                                  q3_K = {16, QK, 4, MINS_NONE, unpack_q3_K},
+                                  q4_K = {32, QK, 0, MINS_SUB, unpack_q4_K},
+                                  q5_K = {32, QK, 0, MINS_SUB, unpack_q5_K},
+                                  q6_K = {16, QK, 32, MINS_NONE, unpack_q6_K},
+                                  iq4_xs = {32, QK, 128, MINS_NONE, unpack_iq4_xs},
+                                  iq2_xxs = {32, QK, 128, MINS_NONE, unpack_iq2_xxs},
+                                  iq2_xs = {16, QK, 128, MINS_NONE, unpack_iq2_xs},
+                                  iq2_s = {16, QK, 128, MINS_NONE, unpack_iq2_s},
+                                  iq3_xxs = {32, QK, 128, MINS_NONE, unpack_iq3_xxs},
+                                  iq3_s = {32, QK, 128, MINS_NONE, unpack_iq3_s};
+    switch (qtype) {
+    case QT_Q8_0: return &q8_0;
+    case QT_Q4_0: return &q4_0;
+    case QT_Q4_1: return &q4_1;
+    case QT_Q5_0: return &q5_0;
+    case QT_Q5_1: return &q5_1;
+    case QT_IQ4_NL: return &iq4_nl;
+    case QT_Q2_K: return &q2_K;
+    case QT_Q3_K: return &q3_K;
+    case QT_Q4_K: return &q4_K;
+    case QT_Q5_K: return &q5_K;
+    case QT_Q6_K: return &q6_K;
+    case QT_IQ4_XS: return &iq4_xs;
+    case QT_IQ2_XXS: return &iq2_xxs;
+    case QT_IQ2_XS: return &iq2_xs;
+    case QT_IQ2_S: return &iq2_s;
+    case QT_IQ3_XXS: return &iq3_xxs;
+    case QT_IQ3_S: return &iq3_s;
+    default: return NULL;
+    }
+}
+
+/* ---- the tiled kernel: 16 tokens in the lanes of a vector ----
+ *
+ * The activations of a chunk of tokens are repacked so that 4 consecutive
+ * elements of 16 tokens fill one 512-bit vector; a weight row contributes 4
+ * unpacked levels at a time as a 32-bit broadcast. One vpdpbusd then adds 64
+ * products into 16 per-token sums, and a sub-block's 8 (or 4) steps finish
+ * before its scales are applied once, in float. A tile is TR weight rows by
+ * TG token groups, all accumulators in registers; each weight row is unpacked
+ * once per chunk and each packed activation vector is loaded once per tile. */
+
+#define TR 4       /* weight rows per tile */
+#define TG 2       /* token groups (of 16) per tile */
+#define CHUNK 8    /* token groups packed at a time: 128 tokens */
+#define MIN_TILED 4 /* fewer activation rows than this use the row dots */
+
+struct gemm_pack {
+    int n, nunit, nsub;
+    int8_t *qa;     /* (groups, n/4, 16, 4) */
+    float *da;      /* (groups, nunit, 16) */
+    int32_t *init;  /* (groups, nsub, 16): -bias * sum(a) over the sub-block */
+    float *asum;    /* (groups, nsub, 16): sum(a), or Q8_1's s per block */
+};
+
+static inline __m512i bcast32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* out (R, G, 16) = the dots of R unpacked rows with G token groups starting at g0.
+ * Every pointer walks forward, so the unrolled steps use immediate offsets. */
+static inline __attribute__((always_inline)) void
+gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, int g0,
+          const uint8_t *const *u, const float *const *sc, const float *const *off, float *out)
+{
+    const int sb = k->sb, per_unit = k->unit / k->sb;
+    const int8_t *qa[TG];
+    const float *da[TG], *asum[TG];
+    const int32_t *init[TG];
+    const uint8_t *ur[TR];
+    const float *scr[TR], *offr[TR];
+    __m512 facc[TR][TG];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        qa[g] = p->qa + (size_t)(g0 + g) * p->n * 16;
+        da[g] = p->da + (size_t)(g0 + g) * p->nunit * 16;
+        asum[g] = p->asum + (size_t)(g0 + g) * p->nsub * 16;
+        init[g] = p->init + (size_t)(g0 + g) * p->nsub * 16;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        ur[r] = u[r];
+        scr[r] = sc[r];
+        offr[r] = off[r];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            facc[r][g] = _mm512_setzero_ps();
+            if (per_unit > 1)
+                _mm512_storeu_ps(out + (r * TG + g) * 16, facc[r][g]);
+        }
+    }
+    for (int un = 0; un < p->nunit; un++) {
+        __m512 fsb[TR][TG];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                fsb[r][g] = _mm512_setzero_ps();
+        for (int ss = 0; ss < per_unit; ss++) {
+            __m512i acc[TR][TG];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                /* the bias of the unsigned levels, taken out up front */
+                __m512i iv = k->bias ? _mm512_loadu_si512(init[g]) : _mm512_setzero_si512();
+                init[g] += 16;
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    acc[r][g] = iv;
+            }
+#pragma GCC unroll 8
+            for (int st = 0; st < sb / 4; st++) {
+                __m512i A[TG];
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++)
+                    A[g] = _mm512_loadu_si512(qa[g] + 64 * st);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512i B = bcast32(ur[r] + 4 * st);
+#pragma GCC unroll 4
+                    for (int g = 0; g < G; g++)
+                        acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], B, A[g]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                qa[g] += 16 * sb;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512 scv = _mm512_set1_ps(*scr[r]++);
+                ur[r] += sb;
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++)
+                    fsb[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][g]), scv, fsb[r][g]);
+            }
+            if (k->mins == MINS_SUB) {
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+                    __m512 av = _mm512_loadu_ps(asum[g]);
+                    asum[g] += 16;
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++)
+                        fsb[r][g] = _mm512_fmadd_ps(av, _mm512_set1_ps(offr[r][0]), fsb[r][g]);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    offr[r]++;
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            __m512 dv = _mm512_loadu_ps(da[g]);
+            da[g] += 16;
+            /* super-blocks: 24 accumulators would not fit in registers with the
+             * operands, so the running sums live in out (once per 256 elements) */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                if (per_unit > 1)
+                    _mm512_storeu_ps(out + (r * TG + g) * 16,
+                                     _mm512_fmadd_ps(fsb[r][g], dv, _mm512_loadu_ps(out + (r * TG + g) * 16)));
+                else
+                    facc[r][g] = _mm512_fmadd_ps(fsb[r][g], dv, facc[r][g]);
+            if (k->mins == MINS_Q8_1) {
+                __m512 sv = _mm512_loadu_ps(asum[g]);
+                asum[g] += 16;
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    facc[r][g] = _mm512_fmadd_ps(sv, _mm512_set1_ps(offr[r][un]), facc[r][g]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            if (per_unit == 1)
+                _mm512_storeu_ps(out + (r * TG + g) * 16, facc[r][g]);
+}
+
+typedef void (*gemm_tile_fn)(const struct gemm_pack *p, const struct gemm_kind *k, int g0,
+                             const uint8_t *const *u, const float *const *sc,
+                             const float *const *off, float *out);
+
+/* One instance per (kind shape, tile shape): the constants let the compiler
+ * keep every accumulator in a register. */
+#define GEMM_TILE(name, SB, UNIT, BIAS, MINS, R, G)                                        \
+    static void name(const struct gemm_pack *p, const struct gemm_kind *k, int g0,        \
+                     const uint8_t *const *u, const float *const *sc,                      \
+                     const float *const *off, float *out)                                  \
+    {                                                                                      \
+        const struct gemm_kind kc = {SB, UNIT, (BIAS) ? k->bias : 0, MINS, NULL};          \
+        gemm_tile(p, &kc, R, G, g0, u, sc, off, out);                                      \
+    }
+#define GEMM_TILES(kind, SB, UNIT, BIAS, MINS)             \
+    GEMM_TILE(tile_##kind##_42, SB, UNIT, BIAS, MINS, 4, 2) \
+    GEMM_TILE(tile_##kind##_41, SB, UNIT, BIAS, MINS, 4, 1) \
+    GEMM_TILE(tile_##kind##_12, SB, UNIT, BIAS, MINS, 1, 2) \
+    GEMM_TILE(tile_##kind##_11, SB, UNIT, BIAS, MINS, 1, 1) \
+    static const gemm_tile_fn tiles_##kind[4] = {tile_##kind##_42, tile_##kind##_41, \
+                                                 tile_##kind##_12, tile_##kind##_11};
+GEMM_TILES(legacy_bias, 32, 32, 1, MINS_NONE)
+GEMM_TILES(legacy_q8_1, 32, 32, 0, MINS_Q8_1)
+GEMM_TILES(k32_min, 32, QK, 0, MINS_SUB)
+GEMM_TILES(k16_min, 16, QK, 0, MINS_SUB)
+GEMM_TILES(k32_bias, 32, QK, 1, MINS_NONE)
+GEMM_TILES(k16_bias, 16, QK, 1, MINS_NONE)
+
+static const gemm_tile_fn *gemm_tiles(const struct gemm_kind *k)
+{
+    if (k->unit == 32)
+        return k->mins == MINS_Q8_1 ? tiles_legacy_q8_1 : tiles_legacy_bias;
+    if (k->mins == MINS_SUB)
+        return k->sb == 32 ? tiles_k32_min : tiles_k16_min;
+    return k->sb == 32 ? tiles_k32_bias : tiles_k16_bias;
+}
+
+/* Repacks activation rows j0..j0+nt-1 (nt <= 16 * ngroups) into p; missing
+ * tokens of the last group are zeros, which contribute nothing. */
+static void gemm_pack_acts(struct gemm_pack *p, const struct gemm_kind *k, int dot_type,
+                           const void *a, size_t lda, int j0, int nt, int ngroups)
+{
+    const int n = p->n, n4 = n / 4;
+    memset(p->qa, 0, (size_t)ngroups * n * 16);
+    memset(p->da, 0, (size_t)ngroups * p->nunit * 16 * sizeof(float));
+    memset(p->init, 0, (size_t)ngroups * p->nsub * 16 * sizeof(int32_t));
+    memset(p->asum, 0, (size_t)ngroups * p->nsub * 16 * sizeof(float));
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *row = (const uint8_t *)a + (size_t)(j0 + t) * lda;
+        int g = t / 16, l = t % 16;
+        int8_t *qa = p->qa + (size_t)g * n4 * 64 + 4 * l;
+        float *da = p->da + (size_t)g * p->nunit * 16 + l;
+        int32_t *init = p->init + (size_t)g * p->nsub * 16 + l;
+        float *asum = p->asum + (size_t)g * p->nsub * 16 + l;
+        if (dot_type == QT_Q8_K) {
+            const blk_q8_K *x = (const blk_q8_K *)row;
+            for (int i = 0; i < n / QK; i++) {
+                for (int c = 0; c < QK / 4; c++)
+                    memcpy(qa + ((size_t)i * QK / 4 + c) * 64, x[i].qs + 4 * c, 4);
+                da[i * 16] = x[i].d;
+                int per = k->sb / 16, ns = QK / k->sb;
+                for (int s = 0; s < ns; s++) {
+                    int sum = 0;
+                    for (int q = 0; q < per; q++)
+                        sum += x[i].bsums[s * per + q];
+                    init[(i * ns + s) * 16] = -k->bias * sum;
+                    asum[(i * ns + s) * 16] = (float)sum;
+                }
+            }
+        } else {
+            int q81 = dot_type == QT_Q8_1;
+            size_t bs = q81 ? sizeof(blk_q8_1) : sizeof(blk_q8_0);
+            for (int b = 0; b < n / 32; b++) {
+                const uint8_t *blk = row + b * bs;
+                const int8_t *qs = (const int8_t *)(blk + (q81 ? 4 : 2));
+                uint16_t d;
+                memcpy(&d, blk, 2);
+                for (int c = 0; c < 8; c++)
+                    memcpy(qa + ((size_t)b * 8 + c) * 64, qs + 4 * c, 4);
+                int sum = 0;
+                for (int j = 0; j < 32; j++)
+                    sum += qs[j];
+                da[b * 16] = fp16(d);
+                init[b * 16] = -k->bias * sum;
+                if (q81) {
+                    uint16_t sh;
+                    memcpy(&sh, blk + 2, 2);
+                    asum[b * 16] = fp16(sh);
+                }
+            }
+        }
+    }
+}
+
+/* Returns 0 when done, -1 when the shape is not for the tiled kernel. */
+static int gemm_tiled(int qtype, int n, const void *w, size_t ldw, int nw, const void *a,
+                      size_t lda, int na, float *y, size_t ldy)
+{
+    const struct gemm_kind *k = gemm_kind(qtype);
+    if (!k || na < MIN_TILED || n % k->unit)
+        return -1;
+    const gemm_tile_fn *tiles = gemm_tiles(k);
+    struct gemm_pack p = {n, n / k->unit, n / k->sb, NULL, NULL, NULL, NULL};
+    int chunk = (na + 15) / 16 < CHUNK ? (na + 15) / 16 : CHUNK;
+    size_t qa_bytes = (size_t)chunk * n * 16, da_bytes = (size_t)chunk * p.nunit * 64;
+    size_t sub_bytes = (size_t)chunk * p.nsub * 64;
+    size_t row_bytes = (size_t)n + 2 * p.nsub * sizeof(float);
+    uint8_t *mem = malloc(qa_bytes + da_bytes + 2 * sub_bytes + TR * row_bytes + 64);
+    if (!mem)
+        return -1;
+    p.qa = (int8_t *)mem;
+    p.da = (float *)(mem + qa_bytes);
+    p.init = (int32_t *)(mem + qa_bytes + da_bytes);
+    p.asum = (float *)(mem + qa_bytes + da_bytes + sub_bytes);
+    uint8_t *rows = mem + qa_bytes + da_bytes + 2 * sub_bytes;
+    const uint8_t *u[TR];
+    const float *sc[TR], *off[TR];
+    float out[TR * TG * 16];
+    for (int j0 = 0; j0 < na; j0 += chunk * 16) {
+        int nt = na - j0 < chunk * 16 ? na - j0 : chunk * 16, ng = (nt + 15) / 16;
+        gemm_pack_acts(&p, k, quant_type(qtype)->dot_type, a, lda, j0, nt, ng);
+        for (int i0 = 0; i0 < nw; i0 += TR) {
+            int nr = nw - i0 < TR ? nw - i0 : TR;
+            for (int r = 0; r < nr; r++) {
+                uint8_t *ur = rows + r * row_bytes;
+                float *scr = (float *)(ur + n), *offr = scr + p.nsub;
+                k->unpack((const uint8_t *)w + (size_t)(i0 + r) * ldw, n, ur, scr, offr);
+                u[r] = ur;
+                sc[r] = scr;
+                off[r] = offr;
+            }
+            for (int g0 = 0; g0 < ng; g0 += TG) {
+                int gg = ng - g0 < TG ? ng - g0 : TG;
+                if (nr == TR) {
+                    tiles[gg == TG ? 0 : 1](&p, k, g0, u, sc, off, out);
+                } else {
+                    for (int r = 0; r < nr; r++)
+                        tiles[gg == TG ? 2 : 3](&p, k, g0, u + r, sc + r, off + r, out + r * TG * 16);
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int g = 0; g < gg; g++)
+                        for (int l = 0; l < 16; l++) {
+                            int j = j0 + (g0 + g) * 16 + l;
+                            if (j < j0 + nt)
+                                y[(size_t)j * ldy + i0 + r] = out[(r * TG + g) * 16 + l];
+                        }
+            }
+        }
+    }
+    free(mem);
+    return 0;
+}
+#endif
+
 void quant_gemm(int qtype, int n, const void *w, size_t ldw, int nw,
                 const void *a, size_t lda, int na, float *y, size_t ldy)
 {
     const struct quant_type *t = quant_type(qtype);
+#ifdef QUANT_AVX512
+    if (gemm_tiled(qtype, n, w, ldw, nw, a, lda, na, y, ldy) == 0)
+        return;
+#endif
+    /* row by row: each weight row stays in cache across the activation rows */
     for (int i = 0; i < nw; i++)
         for (int j = 0; j < na; j++)
             t->dot(n, &y[(size_t)j * ldy + i], (const char *)w + i * ldw,

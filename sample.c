@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TOP_P_FIRST 256 /* candidates sorted on top-p's first try */
+
 struct cand {
     int32_t id;
     float logit;
@@ -151,41 +153,37 @@ static int cmp_cand(const void *a, const void *b)
     return better(a, b) ? -1 : better(b, a) ? 1 : 0;
 }
 
-/* Moves the k best of c[0..n) into c[0..k) (unordered): a heap of the k
- * best so far, its root the worst of them. O(n log k). */
+/* Restores the heap below `at` in c[0..k): its root is the worst entry. */
+static void sift_down(struct cand *c, int k, int at)
+{
+    for (;;) {
+        int l = 2 * at + 1, w = at;
+        if (l < k && better(&c[w], &c[l]))
+            w = l;
+        if (l + 1 < k && better(&c[w], &c[l + 1]))
+            w = l + 1;
+        if (w == at)
+            return;
+        struct cand t = c[at];
+        c[at] = c[w];
+        c[w] = t;
+        at = w;
+    }
+}
+
+/* Moves the k best of c[0..n) into c[0..k) (unordered), keeping c[0..n) a
+ * permutation: a heap of the k best so far whose root, the worst of them,
+ * each newcomer must beat. O(n log k). */
 static void select_top_k(struct cand *c, int n, int k)
 {
-    for (int i = k / 2 - 1; i >= 0; i--) {
-        for (int at = i;;) {
-            int l = 2 * at + 1, w = at;
-            if (l < k && better(&c[w], &c[l]))
-                w = l;
-            if (l + 1 < k && better(&c[w], &c[l + 1]))
-                w = l + 1;
-            if (w == at)
-                break;
-            struct cand t = c[at];
-            c[at] = c[w];
-            c[w] = t;
-            at = w;
-        }
-    }
+    for (int i = k / 2 - 1; i >= 0; i--)
+        sift_down(c, k, i);
     for (int i = k; i < n; i++) {
-        if (!better(&c[i], &c[0]))
-            continue;
-        c[0] = c[i];
-        for (int at = 0;;) {
-            int l = 2 * at + 1, w = at;
-            if (l < k && better(&c[w], &c[l]))
-                w = l;
-            if (l + 1 < k && better(&c[w], &c[l + 1]))
-                w = l + 1;
-            if (w == at)
-                break;
-            struct cand t = c[at];
-            c[at] = c[w];
-            c[w] = t;
-            at = w;
+        if (better(&c[i], &c[0])) {
+            struct cand t = c[0];
+            c[0] = c[i];
+            c[i] = t;
+            sift_down(c, k, 0);
         }
     }
 }
@@ -240,14 +238,22 @@ int32_t sample_next(struct sampler *s, const float *logits)
         n = m;
     }
     if (p->top_p < 1.0f) {
-        qsort(c, (size_t)n, sizeof *c, cmp_cand);
-        double cum = 0;
-        for (int i = 0; i < n; i++) {
-            cum += exp((double)c[i].logit - max) / sum;
-            if (cum >= p->top_p) {
+        /* the nucleus is usually small: sort the best k, and widen k only
+         * while their mass falls short of top_p */
+        for (int k = n < TOP_P_FIRST ? n : TOP_P_FIRST;; k = n / 8 > k ? 8 * k : n) {
+            if (k < n)
+                select_top_k(c, n, k);
+            qsort(c, (size_t)k, sizeof *c, cmp_cand);
+            double cum = 0;
+            int i = 0;
+            while (i < k && (cum += exp((double)c[i].logit - max) / sum) < p->top_p)
+                i++;
+            if (i < k) {
                 n = i + 1;
                 break;
             }
+            if (k == n)
+                break; /* what min-p left holds less than top_p: keep it all */
         }
     }
 

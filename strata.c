@@ -457,11 +457,13 @@ static int cmd_generate(struct opts *o)
     if (!o->have_seed)
         sp.seed = random_seed();
     fprintf(stderr, "seed: %" PRIu64 "\n", sp.seed);
-    int n_top = o->logprobs < V ? o->logprobs : V;
+    int n_top = o->json ? (o->logprobs < V ? o->logprobs : V) : 0;
+    /* the last token needs no cell: a full context still yields one more */
+    int n_max = o->n_predict < cells - np + 1 ? o->n_predict : cells - np + 1;
     smp = sample_new(&sp, V);
     logits = malloc((size_t)V * sizeof *logits);
-    out = calloc((size_t)o->n_predict + 1, sizeof *out);
-    tops = calloc(((size_t)o->n_predict + 1) * (size_t)(n_top ? n_top : 1), sizeof *tops);
+    out = calloc((size_t)n_max + 1, sizeof *out);
+    tops = calloc(((size_t)n_max + 1) * (size_t)(n_top ? n_top : 1), sizeof *tops);
     size_t pcap = 256, pend = 0, pend_cap = 256;
     pbuf = malloc(pcap);
     pending = malloc(pend_cap);
@@ -479,7 +481,7 @@ static int cmd_generate(struct opts *o)
     }
     double prompt_ms = now_ms() - t0, decode_ms = 0;
     int n_out = 0, n_decoded = 0, pos = np;
-    while (n_out < o->n_predict) {
+    while (n_out < n_max) {
         struct gen_out *g = &out[n_out];
         g->top = tops + (size_t)n_out * (size_t)n_top;
         int32_t id = sample_next(smp, logits);
@@ -510,12 +512,8 @@ static int cmd_generate(struct opts *o)
             memmove(pending, pending + ready, pend - ready);
             pend -= ready;
         }
-        if (n_out == o->n_predict)
+        if (n_out == n_max)
             break;
-        if (pos >= cells) {
-            fprintf(stderr, "\nstrata: context full (%d cells): generation stopped\n", cells);
-            break;
-        }
         double t1 = now_ms();
         if (model_eval(c, &id, 1, pos, logits, 0, err, sizeof err) != 0) {
             fail("%s", err);
@@ -525,6 +523,8 @@ static int cmd_generate(struct opts *o)
         n_decoded++;
         pos++;
     }
+    if (n_out == n_max && n_max < o->n_predict)
+        fprintf(stderr, "\nstrata: the context of %d cells is full: generation stopped\n", cells);
     if (o->json) {
         put_gen_json(stdout, t, prompt, np, out, n_out, n_top, prompt_ms, decode_ms, n_decoded);
     } else {

@@ -172,9 +172,10 @@ struct json {
     struct json *items;   /* ARR/OBJ: (len) */
 };
 
-/* Parses text into a tree owned by *out; depth and sizes bounded. */
+/* Parses text (strict RFC 8259, nesting <= 64) into a tree owned by *out,
+ * held in one allocation; errors name the byte offset and leave *out zeroed. */
 int json_parse(struct json *out, const char *text, size_t len, char *err, size_t errlen);
-void json_free(struct json *j);
+void json_free(struct json *j); /* the root from json_parse only; zeroes it */
 const struct json *json_get(const struct json *obj, const char *key); /* NULL if absent */
 /* Appends s as a JSON string literal (quotes, escapes; invalid UTF-8 → U+FFFD). */
 void json_put_str(FILE *f, const char *s, size_t len);
@@ -230,6 +231,9 @@ struct model_ctx;    /* one sequence: KV cache, scratch buffers */
 
 enum kv_type { KV_F16 = 0, KV_F32 = 1 };
 
+/* Maps the file, reads the {arch}.* hyper-parameters and binds every tensor
+ * by name with its shape checked; a file without tokenizer.ggml.* metadata
+ * loads with model_tok() == NULL (token ids only). */
 int model_load(struct model **m, const char *path, char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_hp *model_hp(const struct model *m);
@@ -237,13 +241,16 @@ const struct tok *model_tok(const struct model *m);
 const struct gguf *model_gguf(const struct model *m);
 size_t model_weight_bytes(const struct model *m);        /* all tensors' bytes */
 size_t model_decode_bytes(const struct model *m);        /* bytes one decode step reads */
-/* n_ctx cells of KV (kv_type); pool may be shared by several contexts. */
+/* n_ctx cells of KV (kv_type); every buffer evaluation needs is allocated
+ * here. pool (NULL: the caller's thread only) may be shared by several
+ * contexts that do not evaluate at the same time. */
 int model_ctx_new(struct model_ctx **c, struct model *m, int n_ctx, int kv_type,
                   struct pool *pool, char *err, size_t errlen);
 void model_ctx_free(struct model_ctx *c);
 /* Evaluates tokens[0..n) at positions pos..pos+n-1 (earlier cells are kept,
- * later ones forgotten). logits: (n, V) if all_logits, else (V) for the last
- * token; NULL to skip the head. */
+ * later ones forgotten; pos <= the cells in use), in chunks of up to 512
+ * tokens. logits: (n, V) if all_logits, else (V) for the last token; NULL to
+ * skip the head. */
 int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos,
                float *logits, int all_logits, char *err, size_t errlen);
 /* Float-reference mode (off by default): weights are dequantised to F32 on
@@ -254,7 +261,8 @@ void model_ctx_set_f32ref(struct model_ctx *c, int on);
 /* ==== sample.c: samplers and log-probabilities ==== */
 
 struct sample_params {
-    float temp;          /* <= 0: greedy (ties to the lowest id) */
+    float temp;          /* <= 0: greedy: the highest logit after the
+                            penalties, ties to the lowest id */
     int top_k;           /* <= 0: off */
     float top_p;         /* >= 1: off */
     float min_p;         /* <= 0: off */
@@ -288,10 +296,16 @@ int synth_main(int argc, char **argv, char *err, size_t errlen);
  * model_ctx_new → model_eval → sample_new/sample_next → *_free. This small
  * wrapper bundles them for the common single-sequence case. */
 struct strata;
+/* n_ctx <= 0: the model's training context (at most 4096); n_threads <= 0:
+ * one per online CPU. F16 KV cache. NULL with err set on failure. */
 struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, char *err, size_t errlen);
-int32_t *strata_tokenize(struct strata *s, const char *text, int *n); /* malloc'd; BOS per metadata */
-/* Appends tokens to the sequence; returns the logits of the last one (V), NULL on error. */
+/* malloc'd ids (count in *n): BOS per metadata, special tokens parsed; NULL on error. */
+int32_t *strata_tokenize(struct strata *s, const char *text, int *n);
+/* Appends tokens to the sequence; returns the logits of the last one (V),
+ * valid until the next call, NULL on error. */
 const float *strata_eval(struct strata *s, const int32_t *tokens, int n);
+/* The next id from the last logits (-1 on error); the sampler sees every
+ * evaluated token as penalty history. */
 int32_t strata_sample(struct strata *s, const struct sample_params *p);
 /* The message of the last failed call (strata_tokenize/eval/sample). */
 const char *strata_error(const struct strata *s);

@@ -51,12 +51,13 @@ static int selected(const char *name)
     return 0;
 }
 
-void test_begin(const char *name)
+int test_begin(const char *name)
 {
     end_case();
     cur = name;
     cur_failed = cur_skipped = 0;
     cur_on = selected(name);
+    return cur_on;
 }
 
 void test_skip(const char *why)
@@ -158,6 +159,7 @@ int main(int argc, char **argv)
     test_model();
     test_synth();
     test_cli();
+    test_demo();
     end_case();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

@@ -11,7 +11,8 @@
 
 #include <stddef.h>
 
-void test_begin(const char *name);
+/* Returns 0 when the case is filtered out (`build/test NAME…`): skip its work. */
+int test_begin(const char *name);
 void test_skip(const char *why);
 /* Records a failure of the current case with a message; returns 0. */
 int test_failf(const char *file, int line, const char *fmt, ...)
@@ -37,5 +38,6 @@ void test_sample(void);
 void test_model(void);
 void test_cli(void);
 void test_synth(void);
+void test_demo(void);
 
 #endif

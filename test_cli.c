@@ -126,13 +126,18 @@ static const char *temp_file(char *buf, size_t cap, const void *data, size_t len
     return buf;
 }
 
-/* A --json stdout must hold exactly one JSON value (json.c rejects anything
- * after it); the tree goes to *j. */
-static int parse_stdout(const struct run *r, struct json *j, const char *what)
+/* A --json stdout must hold exactly one JSON value of the given kind
+ * (json.c rejects anything after the value); the tree goes to *j. */
+static int parse_stdout(const struct run *r, struct json *j, int kind, const char *what)
 {
     char err[256];
     if (json_parse(j, r->out, r->out_len, err, sizeof err) != 0)
         return CHECK(0, "%s: stdout is not one JSON value: %s", what, err);
+    int got = j->kind;
+    if (got != kind) {
+        json_free(j);
+        return CHECK(0, "%s: stdout holds a JSON value of kind %d, want %d", what, got, kind);
+    }
     return 1;
 }
 
@@ -272,7 +277,7 @@ static void case_tokenize(void)
         struct json got;
         n++;
         if (CHECK(r.status == 0, "%s: exit %d: %s", json_get(p, "id")->str, r.status, r.err) &&
-            parse_stdout(&r, &got, "tokenize --json")) {
+            parse_stdout(&r, &got, JSON_ARR, "tokenize --json")) {
             int eq = ids_equal(&got, json_get(p, "tokens"));
             n_ok += eq;
             CHECK(eq, "%s: ids differ from the golden tokenization", json_get(p, "id")->str);
@@ -355,7 +360,7 @@ static void case_generate(void)
                                                  "32", "--json", "--logprobs", "3", NULL });
         struct json got;
         if (!CHECK(r.status == 0, "%s: exit %d: %s", id, r.status, r.err) ||
-            !parse_stdout(&r, &got, "generate --json")) {
+            !parse_stdout(&r, &got, JSON_OBJ, "generate --json")) {
             run_free(&r);
             unlink(tmp);
             continue;
@@ -448,7 +453,7 @@ static void case_perplexity(void)
         return;
     const struct json *p = json_get(&g, "perplexity");
     struct run r = run_cli((const char *[]){ "perplexity", "-m", model, "-f", text, "-c", "128", "--json", NULL });
-    if (CHECK(r.status == 0, "exit %d: %s", r.status, r.err) && parse_stdout(&r, &got, "perplexity --json")) {
+    if (CHECK(r.status == 0, "exit %d: %s", r.status, r.err) && parse_stdout(&r, &got, JSON_OBJ, "perplexity --json")) {
         double ppl = json_get(&got, "ppl")->num, err = json_get(&got, "ppl_err")->num;
         double want = json_get(p, "mean_nll")->num, rel = fabs(log(ppl) - want) / want;
         double chunks = json_get(p, "n_chunks")->num;

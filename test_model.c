@@ -728,8 +728,11 @@ static double parity_ppl(struct model *mod, struct model_ctx *ctx, const char *t
 
 static void check_golden(const char *model_file, const char *golden_file, int f32ref, double tol)
 {
-    char name[160], path[512], gpath[512], tpath[512];
-    snprintf(name, sizeof name, "model/parity %s%s", golden_file,
+    /* the runner reads a case's name when the next one begins: alternate */
+    static char names[2][160];
+    static int which;
+    char *name = names[which ^= 1], path[512], gpath[512], tpath[512];
+    snprintf(name, sizeof names[0], "model/parity %s%s", golden_file,
              f32ref ? " (float mode, kv f32)" : " (kv f16)");
     test_begin(name);
     if (!test_data(model_file, path, sizeof path) || !test_data(golden_file, gpath, sizeof gpath) ||
@@ -807,10 +810,63 @@ static void test_goldens(void)
     }
 }
 
+/* ==== the public wrapper ==== */
+
+/* strata_open/tokenize/eval/sample reproduce the golden's greedy tokens for
+ * its first prompt (text → ids → 8 greedy steps). */
+static void test_wrapper(void)
+{
+    test_begin("model/strata_* wrapper: greedy tokens of a golden prompt");
+    char path[512], gpath[512], err[256];
+    if (!test_data("tiny-llama-spm-Q8_0.gguf", path, sizeof path) ||
+        !test_data("tiny-llama-spm-Q8_0.golden.json", gpath, sizeof gpath))
+        return;
+    size_t glen = 0;
+    char *gtext = test_read_file(gpath, &glen);
+    struct json golden = {0};
+    struct strata *st = NULL;
+    int32_t *ids = NULL;
+    if (!CHECK(gtext && json_parse(&golden, gtext, glen, err, sizeof err) == 0, "golden: %s", err))
+        goto done;
+    const struct json *res = json_get(json_get(&golden, "generation"), "results");
+    const struct json *r0 = res && res->len ? &res->items[0] : NULL;
+    const struct json *prompt = r0 ? json_get(r0, "prompt") : NULL;
+    const struct json *pt = r0 ? json_get(r0, "prompt_tokens") : NULL, *gt = r0 ? json_get(r0, "tokens") : NULL;
+    if (!CHECK(prompt && prompt->kind == JSON_STR && pt && gt && gt->len >= 8, "golden result 0 incomplete"))
+        goto done;
+    st = strata_open(path, 256, 2, err, sizeof err);
+    if (!CHECK(st != NULL, "strata_open: %s", err))
+        goto done;
+    int n = 0;
+    ids = strata_tokenize(st, prompt->str, &n);
+    if (!CHECK(ids && n == (int)pt->len, "tokenize: %d ids, reference %zu (%s)", n, pt->len,
+               strata_error(st)))
+        goto done;
+    for (int i = 0; i < n; i++)
+        CHECK(ids[i] == json_int(&pt->items[i]), "prompt id %d: %d vs %d", i, ids[i],
+              json_int(&pt->items[i]));
+    const float *lg = strata_eval(st, ids, n);
+    struct sample_params greedy = {.temp = 0, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = 64};
+    for (int i = 0; lg && i < 8; i++) {
+        int32_t id = strata_sample(st, &greedy);
+        if (!CHECK(id == json_int(&gt->items[i]), "step %d: %d vs reference %d", i, id,
+                   json_int(&gt->items[i])))
+            break;
+        lg = strata_eval(st, &id, 1);
+    }
+    CHECK(lg != NULL, "strata_eval: %s", strata_error(st));
+done:
+    free(ids);
+    strata_free(st);
+    json_free(&golden);
+    free(gtext);
+}
+
 void test_model(void)
 {
     test_pool();
     test_random_models();
     test_load_errors();
+    test_wrapper();
     test_goldens();
 }

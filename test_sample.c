@@ -181,6 +181,13 @@ static void check_filters(void)
     p.top_k = 0; /* no top-k: top-p and min-p over the whole vocabulary */
     check_draws("sample_no_top_k_v2000", big, BIG, p, NULL, 0, N);
 
+    /* a flat distribution: the nucleus outgrows top-p's first sorted slice */
+    float *flat = random_logits(1200, 0.3f, 13);
+    p = base_params();
+    p.top_p = 0.9f;
+    check_draws("sample_top_p_wide_nucleus", flat, 1200, p, NULL, 0, 40000);
+    free(flat);
+
     /* penalties: ids 0..9 repeated, some beyond the window */
     int32_t hist[40];
     for (int k = 0; k < 40; k++)

@@ -1140,7 +1140,8 @@ static void tok_split_llama3(struct tok_ws *w, size_t ini, size_t end, int max_d
             }
         }
 
-        if (!(ch == '\r' || ch == '\n' || (f & TOK_UC_NUMBER)) && ((f & letter) || (tok_fl_at(w, pos + 1, end) & letter))) {
+        int lead_ok = !(ch == '\r' || ch == '\n' || (f & TOK_UC_NUMBER));
+        if (lead_ok && ((f & letter) || (tok_fl_at(w, pos + 1, end) & letter))) {
             pos++;
             while (tok_fl_at(w, pos, end) & letter)
                 pos++;
@@ -1162,7 +1163,7 @@ static void tok_split_llama3(struct tok_ws *w, size_t ini, size_t end, int max_d
 
         const unsigned not_punct = TOK_UC_SPACE | letter | TOK_UC_NUMBER;
         unsigned f2 = ch == ' ' ? tok_fl_at(w, pos + 1, end) : f;
-        if (!(f2 & not_punct) && f) {
+        if (!(f2 & not_punct)) {
             pos += ch == ' ';
             while (!(f2 & not_punct) && f2)
                 f2 = tok_fl_at(w, ++pos, end);
