@@ -180,7 +180,8 @@ static void expect_error(const char *const *args, const char *needle)
 
 static void case_errors(void)
 {
-    test_begin("cli_errors");
+    if (!test_begin("cli/errors"))
+        return;
     if (!CHECK(access(CLI_BIN, X_OK) == 0, "no %s: run `make` first", CLI_BIN))
         return;
     struct run r = run_cli((const char *[]){ "--help", NULL });
@@ -259,7 +260,8 @@ static void case_errors(void)
 
 static void case_tokenize(void)
 {
-    test_begin("cli_tokenize");
+    if (!test_begin("cli/tokenize"))
+        return;
     char vp[512], gp[512], ip[512], op[512], tmp[64];
     const char *vocab = test_data("vocab/ggml-vocab-llama-spm.gguf", vp, sizeof vp);
     const char *golden = test_data("tiny-llama-spm-Q8_0.golden.json", gp, sizeof gp);
@@ -339,7 +341,8 @@ static void case_tokenize(void)
 
 static void case_generate(void)
 {
-    test_begin("cli_generate_greedy");
+    if (!test_begin("cli/generate-greedy"))
+        return;
     char mp[512], gp[512], tmp[64];
     const char *model = test_data("tiny-llama-spm-Q8_0.gguf", mp, sizeof mp);
     const char *golden = test_data("tiny-llama-spm-Q8_0.golden.json", gp, sizeof gp);
@@ -441,7 +444,8 @@ static void case_generate(void)
 
 static void case_perplexity(void)
 {
-    test_begin("cli_perplexity");
+    if (!test_begin("cli/perplexity"))
+        return;
     char mp[512], gp[512], tp[512];
     const char *model = test_data("tiny-llama-spm-Q8_0.gguf", mp, sizeof mp);
     const char *golden = test_data("tiny-llama-spm-Q8_0.golden.json", gp, sizeof gp);
@@ -479,7 +483,8 @@ static void case_perplexity(void)
 
 static void case_info_bench(void)
 {
-    test_begin("cli_info_bench");
+    if (!test_begin("cli/info-bench"))
+        return;
     char mp[512];
     const char *model = test_data("tiny-llama-spm-Q8_0.gguf", mp, sizeof mp);
     if (!model)

@@ -188,7 +188,8 @@ static const char *const big_doc =
 
 static void check_valid(void)
 {
-    test_begin("json_valid_table");
+    if (!test_begin("json/valid-table"))
+        return;
     char err[128];
     int bad = 0;
     for (size_t c = 0; c < sizeof valid / sizeof *valid; c++) {
@@ -223,7 +224,8 @@ static void check_valid(void)
 
 static void check_invalid(void)
 {
-    test_begin("json_invalid_table");
+    if (!test_begin("json/invalid-table"))
+        return;
     char err[128], want[32];
     for (size_t c = 0; c < sizeof invalid / sizeof *invalid; c++) {
         const struct invalid_case *t = &invalid[c];
@@ -244,7 +246,8 @@ static void check_invalid(void)
 
 static void check_depth(void)
 {
-    test_begin("json_depth_limit");
+    if (!test_begin("json/depth-limit"))
+        return;
     char doc[2 * 66 + 1], err[128];
     for (int depth = 63; depth <= 66; depth++) {
         for (int k = 0; k < depth; k++) {
@@ -283,7 +286,8 @@ static void check_depth(void)
 
 static void check_prefixes(void)
 {
-    test_begin("json_prefixes_rejected");
+    if (!test_begin("json/prefixes-rejected"))
+        return;
     char err[128];
     size_t n = strlen(big_doc), accepted = 0;
     struct json j;
@@ -310,7 +314,8 @@ static void check_prefixes(void)
 
 static void check_roundtrip(void)
 {
-    test_begin("json_roundtrip");
+    if (!test_begin("json/roundtrip"))
+        return;
     char err[128];
     struct json a, b;
     size_t la, lb;
@@ -372,7 +377,8 @@ static void check_roundtrip(void)
 
 static void check_put_str(void)
 {
-    test_begin("json_put_str");
+    if (!test_begin("json/put-str"))
+        return;
     static const struct { const char *in; size_t len; const char *out; } cases[] = {
         { "plain", 5, "\"plain\"" },
         { "\"\\/", 3, "\"\\\"\\\\/\"" },
@@ -409,7 +415,8 @@ static void check_put_str(void)
 
 static void check_mutations(void)
 {
-    test_begin("json_mutations");
+    if (!test_begin("json/mutations"))
+        return;
     static const char alphabet[] = "{}[]\",:\\u0123456789abcdefEe+-.tfn \t\n\x80\xc3\xed\xf0\xff";
     unsigned seed = 12345;
     size_t n = strlen(big_doc), parsed = 0, rounds = 20000;

@@ -40,7 +40,8 @@ static void pool_probe_fn(void *arg, int i, int n)
 
 static void test_pool(void)
 {
-    test_begin("model/pool runs every index once per call");
+    if (!test_begin("model/pool runs every index once per call"))
+        return;
     for (int n = 1; n <= 4; n++) {
         struct pool *p = pool_new(n);
         CHECK(p && pool_size(p) == n, "pool_new(%d)", n);
@@ -464,7 +465,8 @@ static void ref_forward(const struct rm *m, const struct ref_mode *md, const int
 static void check_random_model(const char *name, const struct rm_cfg *cfg, int kv_type, int f32ref,
                                int N, int n_dec, double tol, int n_threads)
 {
-    test_begin(name);
+    if (!test_begin(name))
+        return;
     struct rm m;
     if (rm_make(&m, cfg, 12345u) != 0) {
         CHECK(0, "could not write %s", m.path);
@@ -571,7 +573,8 @@ static void expect_load_error(const char *what, const struct rm_cfg *cfg, const 
 {
     struct rm m;
     char err[256] = "";
-    test_begin(what);
+    if (!test_begin(what))
+        return;
     if (!CHECK(rm_make(&m, cfg, 1u) == 0, "could not write the model")) {
         rm_free(&m);
         return;
@@ -734,7 +737,8 @@ static void check_golden(const char *model_file, const char *golden_file, int f3
     char *name = names[which ^= 1], path[512], gpath[512], tpath[512];
     snprintf(name, sizeof names[0], "model/parity %s%s", golden_file,
              f32ref ? " (float mode, kv f32)" : " (kv f16)");
-    test_begin(name);
+    if (!test_begin(name))
+        return;
     if (!test_data(model_file, path, sizeof path) || !test_data(golden_file, gpath, sizeof gpath) ||
         !test_data("ppl_text.txt", tpath, sizeof tpath))
         return;
@@ -816,7 +820,8 @@ static void test_goldens(void)
  * its first prompt (text → ids → 8 greedy steps). */
 static void test_wrapper(void)
 {
-    test_begin("model/strata_* wrapper: greedy tokens of a golden prompt");
+    if (!test_begin("model/strata_* wrapper: greedy tokens of a golden prompt"))
+        return;
     char path[512], gpath[512], err[256];
     if (!test_data("tiny-llama-spm-Q8_0.gguf", path, sizeof path) ||
         !test_data("tiny-llama-spm-Q8_0.golden.json", gpath, sizeof gpath))

@@ -457,6 +457,45 @@ static void case_gemm(void)
         free(a);
     }
     printf("     max |gemm - dot| / sum|w*a| = %.2e\n", worst);
+
+    /* long rows: the tiled kernel packs tokens in several chunks */
+    test_begin("quant/gemm-chunks");
+    static const int long_types[] = {QT_Q8_0, QT_Q4_1, QT_Q4_K, QT_Q6_K, QT_Q2_K, QT_IQ4_XS};
+    const int n = 8192, nw = 5, na = 40;
+    worst = 0;
+    for (size_t ti = 0; ti < sizeof long_types / sizeof *long_types; ti++) {
+        int qt = long_types[ti];
+        const struct quant_type *t = quant_type(qt);
+        size_t rbw = quant_row_bytes(qt, n), rba = quant_row_bytes(t->dot_type, n);
+        uint8_t *w = malloc(rbw * nw), *a = malloc(rba * na);
+        float *y = malloc(sizeof *y * nw * na);
+        for (int i = 0; i < nw; i++) {
+            void *r = random_row(qt, n, &st);
+            memcpy(w + i * rbw, r, rbw);
+            free(r);
+        }
+        for (int j = 0; j < na; j++) {
+            void *r = random_act(qt, n, &st);
+            memcpy(a + j * rba, r, rba);
+            free(r);
+        }
+        quant_gemm(qt, n, w, rbw, nw, a, rba, na, y, nw);
+        int bad = 0;
+        for (int j = 0; j < na; j++)
+            for (int i = 0; i < nw; i++) {
+                float ref;
+                t->dot_scalar(n, &ref, w + i * rbw, a + j * rba);
+                double rel = fabs((double)y[j * nw + i] - ref) /
+                             fmax(dot_magnitude(t, w + i * rbw, a + j * rba, n), 1e-30);
+                worst = fmax(worst, rel);
+                bad += rel > 1e-6;
+            }
+        CHECK(bad == 0, "%s: %d of %d long-row outputs differ", t->name, bad, nw * na);
+        free(w);
+        free(a);
+        free(y);
+    }
+    printf("     max |gemm - dot| / sum|w*a| = %.2e (n = %d)\n", worst, n);
 }
 
 void test_quant(void)

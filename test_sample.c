@@ -92,7 +92,8 @@ static struct sample_params base_params(void)
 static void check_draws(const char *name, const float *logits, int V, struct sample_params p,
                         const int32_t *hist, int n_hist, int n_draws)
 {
-    test_begin(name);
+    if (!test_begin(name))
+        return;
     double *prob = malloc((size_t)V * sizeof *prob);
     long *seen = calloc((size_t)V, sizeof *seen);
     ref_dist(logits, V, &p, hist, n_hist, prob);
@@ -153,39 +154,39 @@ static void check_filters(void)
     float *l = random_logits(V, 4, 3);
     float *big = random_logits(BIG, 6, 5);
     struct sample_params p = base_params();
-    check_draws("sample_softmax_temp1", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-softmax-temp1", l, V, p, NULL, 0, N);
     p.temp = 0.6f;
-    check_draws("sample_temp_0.6", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-temp-0.6", l, V, p, NULL, 0, N);
     p = base_params();
     p.top_k = 7;
-    check_draws("sample_top_k", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-top-k", l, V, p, NULL, 0, N);
     p = base_params();
     p.top_p = 0.7f;
-    check_draws("sample_top_p", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-top-p", l, V, p, NULL, 0, N);
     p = base_params();
     p.min_p = 0.08f;
-    check_draws("sample_min_p", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-min-p", l, V, p, NULL, 0, N);
     p = base_params();
     p.top_k = 20;
     p.top_p = 0.9f;
     p.min_p = 0.02f;
     p.temp = 1.7f;
-    check_draws("sample_chain_k_p_minp_temp", l, V, p, NULL, 0, N);
+    check_draws("sample/draws-chain-k-p-minp-temp", l, V, p, NULL, 0, N);
     /* the CLI defaults on a larger vocabulary */
     p = base_params();
     p.temp = 0.8f;
     p.top_k = 40;
     p.top_p = 0.95f;
     p.min_p = 0.05f;
-    check_draws("sample_defaults_v2000", big, BIG, p, NULL, 0, N);
+    check_draws("sample/draws-defaults-v2000", big, BIG, p, NULL, 0, N);
     p.top_k = 0; /* no top-k: top-p and min-p over the whole vocabulary */
-    check_draws("sample_no_top_k_v2000", big, BIG, p, NULL, 0, N);
+    check_draws("sample/draws-no-top-k-v2000", big, BIG, p, NULL, 0, N);
 
     /* a flat distribution: the nucleus outgrows top-p's first sorted slice */
     float *flat = random_logits(1200, 0.3f, 13);
     p = base_params();
     p.top_p = 0.9f;
-    check_draws("sample_top_p_wide_nucleus", flat, 1200, p, NULL, 0, 40000);
+    check_draws("sample/draws-top-p-wide-nucleus", flat, 1200, p, NULL, 0, 40000);
     free(flat);
 
     /* penalties: ids 0..9 repeated, some beyond the window */
@@ -197,10 +198,10 @@ static void check_filters(void)
     p.frequency_penalty = 0.4f;
     p.presence_penalty = 0.5f;
     p.repeat_last_n = 16;
-    check_draws("sample_penalties", l, V, p, hist, 40, N);
+    check_draws("sample/draws-penalties", l, V, p, hist, 40, N);
     p.top_k = 10;
     p.min_p = 0.05f;
-    check_draws("sample_penalties_then_filters", l, V, p, hist, 40, N);
+    check_draws("sample/draws-penalties-then-filters", l, V, p, hist, 40, N);
     free(l);
     free(big);
 }
@@ -208,7 +209,8 @@ static void check_filters(void)
 /* kept sets with hand-made margins: the boundaries are far from rounding */
 static void check_kept_sets(void)
 {
-    test_begin("sample_kept_sets");
+    if (!test_begin("sample/kept-sets"))
+        return;
     /* probabilities ~ 0.50, 0.25, 0.15, 0.07, 0.03 at temperature 1 */
     float l[5] = { logf(0.50f), logf(0.25f), logf(0.15f), logf(0.07f), logf(0.03f) };
     static const struct { int top_k; float top_p, min_p; int kept; } cases[] = {
@@ -243,7 +245,8 @@ static void check_kept_sets(void)
 
 static void check_greedy(void)
 {
-    test_begin("sample_greedy");
+    if (!test_begin("sample/greedy"))
+        return;
     float l[8] = { 1, 3, -2, 3, 0.5f, 3, NAN, -INFINITY };
     struct sample_params p = base_params();
     p.temp = 0;
@@ -279,7 +282,8 @@ static void check_greedy(void)
 
 static void check_penalties(void)
 {
-    test_begin("sample_penalties_exact");
+    if (!test_begin("sample/penalties-exact"))
+        return;
     struct sample_params p = base_params();
     p.temp = 0;
     p.repeat_penalty = 1.5f;
@@ -328,7 +332,8 @@ static void check_penalties(void)
 
 static void check_seeding(void)
 {
-    test_begin("sample_seeding");
+    if (!test_begin("sample/seeding"))
+        return;
     float *l = random_logits(1000, 3, 11);
     struct sample_params p = base_params();
     p.seed = 123456789;
@@ -351,7 +356,8 @@ static void check_seeding(void)
 
 static void check_logprob(void)
 {
-    test_begin("sample_logprob");
+    if (!test_begin("sample/logprob"))
+        return;
     enum { V = 32000, NT = 12 };
     float *l = random_logits(V, 5, 21);
     l[100] = l[200] = l[300] = 9.5f; /* a three-way tie at the top */

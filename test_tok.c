@@ -126,19 +126,19 @@ struct vocab_info {
 };
 
 static const struct vocab_info vocabs[] = {
-    { "gpt-2", "tok vocab gpt-2", "vocab", 0, 1 },
-    { "llama-bpe", "tok vocab llama-bpe", "vocab", 0, 1 },
-    { "llama-spm", "tok vocab llama-spm", "vocab", 1, 0 },
-    { "phi-3", "tok vocab phi-3", "vocab", 1, 0 },
-    { "qwen2", "tok vocab qwen2", "vocab", 0, 0 },
-    { "qwen35", "tok vocab qwen35", "vocab", 0, 0 },
+    { "gpt-2", "tok/vocab-gpt-2", "vocab", 0, 1 },
+    { "llama-bpe", "tok/vocab-llama-bpe", "vocab", 0, 1 },
+    { "llama-spm", "tok/vocab-llama-spm", "vocab", 1, 0 },
+    { "phi-3", "tok/vocab-phi-3", "vocab", 1, 0 },
+    { "qwen2", "tok/vocab-qwen2", "vocab", 0, 0 },
+    { "qwen35", "tok/vocab-qwen35", "vocab", 0, 0 },
     /* pre-tokenizers beyond the first scope (bert-bge is WordPiece: not supported) */
-    { "deepseek-coder", "tok vocab-more deepseek-coder", "vocab-more", 0, 0 },
-    { "deepseek-llm", "tok vocab-more deepseek-llm", "vocab-more", 0, 0 },
-    { "falcon", "tok vocab-more falcon", "vocab-more", 0, 1 },
-    { "mpt", "tok vocab-more mpt", "vocab-more", 0, 1 },
-    { "refact", "tok vocab-more refact", "vocab-more", 0, 1 },
-    { "starcoder", "tok vocab-more starcoder", "vocab-more", 0, 1 },
+    { "deepseek-coder", "tok/vocab-more-deepseek-coder", "vocab-more", 0, 0 },
+    { "deepseek-llm", "tok/vocab-more-deepseek-llm", "vocab-more", 0, 0 },
+    { "falcon", "tok/vocab-more-falcon", "vocab-more", 0, 1 },
+    { "mpt", "tok/vocab-more-mpt", "vocab-more", 0, 1 },
+    { "refact", "tok/vocab-more-refact", "vocab-more", 0, 1 },
+    { "starcoder", "tok/vocab-more-starcoder", "vocab-more", 0, 1 },
 };
 
 /* Whether the clean-up could touch s: a space before ? ! . , or '. */
@@ -182,7 +182,8 @@ static int round_trip(const struct tok *t, const struct vocab_info *v, const cha
 static void case_vocab(const struct vocab_info *v)
 {
     char rel[256], path[512];
-    test_begin(v->case_name);
+    if (!test_begin(v->case_name))
+        return;
     snprintf(rel, sizeof rel, "%s/ggml-vocab-%s.gguf", v->dir, v->name);
     struct gguf g;
     memset(&g, 0, sizeof g);
@@ -275,7 +276,8 @@ static int json_piece_equal(const struct json *p, const char *s, size_t n)
 static void case_golden(const char *case_name, const char *model, int spm)
 {
     char rel[256], path[512], err[256];
-    test_begin(case_name);
+    if (!test_begin(case_name))
+        return;
     snprintf(rel, sizeof rel, "%s.gguf", model);
     struct gguf g;
     memset(&g, 0, sizeof g);
@@ -378,7 +380,8 @@ static int ids_concat_equal(const int32_t *got, int ng, const int32_t *a, int na
 
 static void case_special_qwen2(void)
 {
-    test_begin("tok special qwen2");
+    if (!test_begin("tok/special qwen2"))
+        return;
     struct gguf g;
     memset(&g, 0, sizeof g);
     struct tok *t = open_tok("vocab/ggml-vocab-qwen2.gguf", &g, NULL);
@@ -423,7 +426,8 @@ static void case_special_qwen2(void)
 
 static void case_special_llama(void)
 {
-    test_begin("tok special llama-bpe llama-spm phi-3 gpt-2");
+    if (!test_begin("tok/special llama-bpe llama-spm phi-3 gpt-2"))
+        return;
     struct gguf g;
     memset(&g, 0, sizeof g);
     struct tok *t = open_tok("vocab/ggml-vocab-llama-bpe.gguf", &g, NULL);
@@ -512,7 +516,8 @@ static int utf8_valid(const char *p, size_t n)
 
 static void case_utf8_complete(void)
 {
-    test_begin("tok utf8 complete");
+    if (!test_begin("tok/utf8 complete"))
+        return;
     static const struct { const char *s; size_t n, want; } cases[] = {
         { "", 0, 0 }, { "abc", 3, 3 }, { "a\xC3", 2, 1 }, { "a\xC3\xA9", 3, 3 },
         { "\xE2\x82", 2, 0 }, { "\xE2\x82\xAC", 3, 3 }, { "x\xF0\x9F\xA6", 4, 1 },
@@ -559,7 +564,8 @@ static void case_utf8_complete(void)
  * through byte fallback), and nothing may crash. */
 static void case_random(void)
 {
-    test_begin("tok random text round trip");
+    if (!test_begin("tok/random text round trip"))
+        return;
     static const char *const frag[] = {
         "a", "Hello", " world", "'s", "'LL", "'", " ", "  ", "\t", "\n", "\r\n", " \n ", "7", "123456",
         "\xC3\xA9", "e\xCC\x81", "\xCC\x81", "\xE4\xBD\xA0\xE5\xA5\xBD", "\xF0\x9F\xA6\x99",
@@ -635,8 +641,8 @@ void test_tok(void)
 {
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++)
         case_vocab(&vocabs[i]);
-    case_golden("tok golden prompts tiny-qwen3", "tiny-qwen3-Q8_0", 0);
-    case_golden("tok golden prompts tiny-llama-spm", "tiny-llama-spm-Q8_0", 1);
+    case_golden("tok/golden-prompts-tiny-qwen3", "tiny-qwen3-Q8_0", 0);
+    case_golden("tok/golden-prompts-tiny-llama-spm", "tiny-llama-spm-Q8_0", 1);
     case_special_qwen2();
     case_special_llama();
     case_utf8_complete();
