@@ -10,6 +10,9 @@
  * Must not: know about models or threads, print, or allocate outside
  * quant_gemm's packing scratch. Kernels are chosen at build time
  * (-march=native: AVX-512 VNNI / AVX2; STRATA_PORTABLE: scalar only).
+ * Bit-exact dequantisation needs the float expressions evaluated as written:
+ * no FMA contraction (GCC's -std=c11 implies -ffp-contract=off; clang needs
+ * the flag).
  * Shapes: n elements per row; w = weight rows, a = activation rows (already in
  * the weight type's dot_type); QK = 256, the K-quant super-block.
  */
@@ -111,6 +114,52 @@ static inline int nearest_int(float x)
     float v = x + 12582912.f;
     return (int)(f32_bits(v) & 0x007fffff) - 0x00400000;
 }
+
+/* ==== small SIMD helpers ==== */
+
+#ifdef QUANT_AVX2
+static inline __m256i load256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+static inline void store256(void *p, __m256i v)
+{
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* Bytes b >> k then masked with m, with 16-bit shifts: the mask clears what
+ * crossed in from the neighbouring byte. */
+static inline __m256i shr_mask(__m256i v, int k, int m)
+{
+    return _mm256_and_si256(_mm256_srli_epi16(v, k), _mm256_set1_epi8((char)m));
+}
+
+/* 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..15). */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
+
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum256i(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+#endif
 
 /* ==== block layouts (little-endian, fields in storage order) ==== */
 
@@ -318,6 +367,7 @@ static void q8_1_to_f32(const void *vx, float *y, int64_t n)
     }
 }
 
+#ifndef QUANT_AVX2
 /* Q8_0 / Q8_1 activation quantisation as the reference's x86 SIMD path does
  * it (not its scalar reference function): the scale is d = amax/127 stored as
  * half, but the multiplier is 127/amax (which can differ from 1/d by an ulp),
@@ -340,13 +390,46 @@ static int q8_block(const float *x, int8_t *q, uint16_t *dh, float *dout)
     }
     return sum;
 }
+#endif
+
+#ifdef QUANT_AVX2
+/* The block above in vectors, as the reference's AVX2 code does it. */
+static int q8_block_avx2(const float *x, int8_t *q, uint16_t *dh, float *dout)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4), d = amax / 127.f;
+    __m256 id = _mm256_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+    *dh = quant_f32_to_f16(d);
+    *dout = d;
+    __m256i i[4];
+    for (int k = 0; k < 4; k++)
+        i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    int sum = hsum256i(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    /* the packs interleave 128-bit lanes; the permute restores element order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    store256(q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return sum;
+}
+#define Q8_BLOCK q8_block_avx2
+#else
+#define Q8_BLOCK q8_block
+#endif
 
 static void q8_0_from_f32(const float *x, void *vy, int64_t n)
 {
     blk_q8_0 *y = vy;
     float d;
     for (int64_t b = 0; b < n / 32; b++)
-        q8_block(x + 32 * b, y[b].qs, &y[b].d, &d);
+        Q8_BLOCK(x + 32 * b, y[b].qs, &y[b].d, &d);
 }
 
 static void q8_1_from_f32(const float *x, void *vy, int64_t n)
@@ -354,7 +437,7 @@ static void q8_1_from_f32(const float *x, void *vy, int64_t n)
     blk_q8_1 *y = vy;
     float d;
     for (int64_t b = 0; b < n / 32; b++) {
-        int sum = q8_block(x + 32 * b, y[b].qs, &y[b].d, &d);
+        int sum = Q8_BLOCK(x + 32 * b, y[b].qs, &y[b].d, &d);
         y[b].s = quant_f32_to_f16(d * (float)sum);
     }
 }
@@ -541,6 +624,39 @@ static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *m)
     }
 }
 
+/* The 8 (scale, min) pairs of Q4_K/Q5_K as bytes of two 64-bit words,
+ * sub-block s in byte s (kept in registers: no store-to-load round trip). */
+static inline void k4_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn)
+{
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    uint32_t sc_lo = a & 0x3f3f3f3f, mn_lo = b & 0x3f3f3f3f;
+    uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
+    uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *mn = mn_lo | (uint64_t)mn_hi << 32;
+}
+
+/* All 16 signed 6-bit scales of Q3_K at once: low nibbles from bytes 0..7,
+ * top bit pairs from bytes 8..11 (scale j: bits 2(j/4) of byte 8 + j%4). */
+static inline void k3_scales16(const uint8_t *s, int8_t *out)
+{
+    uint32_t a0, a1, a2, v[4];
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&a2, s + 8, 4);
+    v[0] = (a0 & 0x0f0f0f0f) | (a2 & 0x03030303) << 4;
+    v[1] = (a1 & 0x0f0f0f0f) | ((a2 >> 2) & 0x03030303) << 4;
+    v[2] = ((a0 >> 4) & 0x0f0f0f0f) | ((a2 >> 4) & 0x03030303) << 4;
+    v[3] = ((a1 >> 4) & 0x0f0f0f0f) | ((a2 >> 6) & 0x03030303) << 4;
+    uint8_t u[16];
+    memcpy(u, v, 16);
+    for (int i = 0; i < 16; i++) /* bytewise: a packed subtract would borrow */
+        out[i] = (int8_t)(u[i] - 32);
+}
+
 /* The signed 6-bit scale j (of 16) of Q3_K, packed in 12 bytes. */
 static inline int k3_scale(int j, const uint8_t *s)
 {
@@ -550,25 +666,6 @@ static inline int k3_scale(int j, const uint8_t *s)
 }
 
 /* ---- K-quant unpacking: a super-block's levels to 256 bytes ---- */
-
-#ifdef QUANT_AVX2
-static inline __m256i load256(const void *p)
-{
-    return _mm256_loadu_si256((const __m256i *)p);
-}
-
-static inline void store256(void *p, __m256i v)
-{
-    _mm256_storeu_si256((__m256i *)p, v);
-}
-
-/* Bytes b >> k then masked with m, with 16-bit shifts: the mask clears what
- * crossed in from the neighbouring byte. */
-static inline __m256i shr_mask(__m256i v, int k, int m)
-{
-    return _mm256_and_si256(_mm256_srli_epi16(v, k), _mm256_set1_epi8((char)m));
-}
-#endif
 
 /* The 2-bit planes of Q2_K and Q3_K: each 128-element half holds 32 bytes,
  * elements 32j..32j+31 of the half in bits 2j..2j+1. */
@@ -737,35 +834,86 @@ static void q8_K_to_f32(const void *vx, float *y, int64_t n)
             y[k] = x[i].d * x[i].qs[k];
 }
 
+#ifdef QUANT_AVX2
+/* One block of Q8_K (below) in vectors: the same operations, so the
+ * same bytes (the rounding instruction rounds to nearest even too). */
+static void q8_K_block_avx2(const float *x, blk_q8_K *y)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < QK; k += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4);
+    if (amax == 0.f) {
+        memset(y, 0, sizeof *y);
+        return;
+    }
+    /* the signed value of the first element reaching amax */
+    __m256 am = _mm256_set1_ps(amax);
+    int k = 0, mask = 0;
+    for (; k < QK; k += 8)
+        if ((mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)),
+                                                     am, _CMP_EQ_OQ))))
+            break;
+    float iscale = -127.f / x[k + __builtin_ctz((unsigned)mask)];
+    __m256 is = _mm256_set1_ps(iscale);
+    for (int g = 0; g < 16; g++) {
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g), is),
+                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8), is),
+                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        i0 = _mm256_min_epi32(i0, _mm256_set1_epi32(127));
+        i1 = _mm256_min_epi32(i1, _mm256_set1_epi32(127));
+        y->bsums[g] = (int16_t)hsum256i(_mm256_add_epi32(i0, i1));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_setzero_si256());
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm_storeu_si128((__m128i *)(y->qs + 16 * g), _mm256_castsi256_si128(p));
+    }
+    y->d = 1 / iscale;
+}
+#endif
+
 /* Q8_K is the reference function on every platform: scale by the signed
  * extreme so it maps to -127, round to nearest even, clamp at 127. */
+#ifndef QUANT_AVX2
+static void q8_K_block(const float *x, blk_q8_K *y)
+{
+    float amax = 0, max = 0;
+    for (int k = 0; k < QK; k++)
+        if (fabsf(x[k]) > amax) {
+            amax = fabsf(x[k]);
+            max = x[k];
+        }
+    if (amax == 0.f) {
+        memset(y, 0, sizeof *y);
+        return;
+    }
+    float iscale = -127.f / max;
+    for (int k = 0; k < QK; k++) {
+        int v = nearest_int(iscale * x[k]);
+        y->qs[k] = (int8_t)(v < 127 ? v : 127);
+    }
+    for (int g = 0; g < 16; g++) {
+        int sum = 0;
+        for (int k = 16 * g; k < 16 * g + 16; k++)
+            sum += y->qs[k];
+        y->bsums[g] = (int16_t)sum;
+    }
+    y->d = 1 / iscale;
+}
+#define Q8K_BLOCK q8_K_block
+#else
+#define Q8K_BLOCK q8_K_block_avx2
+#endif
+
 static void q8_K_from_f32(const float *x, void *vy, int64_t n)
 {
     blk_q8_K *y = vy;
-    for (int64_t i = 0; i < n / QK; i++, x += QK) {
-        float amax = 0, max = 0;
-        for (int k = 0; k < QK; k++)
-            if (fabsf(x[k]) > amax) {
-                amax = fabsf(x[k]);
-                max = x[k];
-            }
-        if (amax == 0.f) {
-            memset(&y[i], 0, sizeof y[i]);
-            continue;
-        }
-        float iscale = -127.f / max;
-        for (int k = 0; k < QK; k++) {
-            int v = nearest_int(iscale * x[k]);
-            y[i].qs[k] = (int8_t)(v < 127 ? v : 127);
-        }
-        for (int g = 0; g < 16; g++) {
-            int sum = 0;
-            for (int k = 16 * g; k < 16 * g + 16; k++)
-                sum += y[i].qs[k];
-            y[i].bsums[g] = (int16_t)sum;
-        }
-        y[i].d = 1 / iscale;
-    }
+    for (int64_t i = 0; i < n / QK; i++)
+        Q8K_BLOCK(x + QK * i, &y[i]);
 }
 
 /* ---- K-quant weight quantisers (the reference's, without importance) ---- */
@@ -1456,8 +1604,10 @@ static void ksb_q3_K(const void *vx, struct ksb *k)
     k->bias = 4;
     k->d = fp16(x->d);
     k->dmin = 0;
+    int8_t sc[16];
+    k3_scales16(x->scales, sc);
     for (int s = 0; s < 16; s++) {
-        k->sc[s] = (int16_t)k3_scale(s, x->scales);
+        k->sc[s] = sc[s];
         k->mn[s] = 0;
     }
     k2_unpack(x->qs, k->u);
@@ -1471,11 +1621,11 @@ static void ksb_q4_K(const void *vx, struct ksb *k)
     k->bias = 0;
     k->d = fp16(x->d);
     k->dmin = fp16(x->dmin);
+    uint64_t sc, mn;
+    k4_scales8(x->scales, &sc, &mn);
     for (int s = 0; s < 8; s++) {
-        int sc, m;
-        k4_scale_min(s, x->scales, &sc, &m);
-        k->sc[s] = (int16_t)sc;
-        k->mn[s] = (int16_t)m;
+        k->sc[s] = (int16_t)((sc >> (8 * s)) & 63);
+        k->mn[s] = (int16_t)((mn >> (8 * s)) & 63);
     }
     k4_unpack(x->qs, k->u);
 }
@@ -1487,11 +1637,11 @@ static void ksb_q5_K(const void *vx, struct ksb *k)
     k->bias = 0;
     k->d = fp16(x->d);
     k->dmin = fp16(x->dmin);
+    uint64_t sc, mn;
+    k4_scales8(x->scales, &sc, &mn);
     for (int s = 0; s < 8; s++) {
-        int sc, m;
-        k4_scale_min(s, x->scales, &sc, &m);
-        k->sc[s] = (int16_t)sc;
-        k->mn[s] = (int16_t)m;
+        k->sc[s] = (int16_t)((sc >> (8 * s)) & 63);
+        k->mn[s] = (int16_t)((mn >> (8 * s)) & 63);
     }
     k4_unpack(x->qs, k->u);
     khigh_or(x->qh, k->u, 4);
@@ -1521,10 +1671,16 @@ static void ksb_iq4_xs(const void *vx, struct ksb *k)
     for (int s = 0; s < 8; s++) {
         k->sc[s] = (int16_t)iq4xs_scale(x, s);
         k->mn[s] = 0;
+#ifdef QUANT_AVX2
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+        __m256i v = _mm256_shuffle_epi8(book, nibbles32(x->qs + 16 * s));
+        store256(k->u + 32 * s, _mm256_xor_si256(v, _mm256_set1_epi8(-128)));
+#else
         for (int j = 0; j < 16; j++) {
             k->u[32 * s + j] = (uint8_t)(kvalues_iq4nl[x->qs[16 * s + j] & 15] + 128);
             k->u[32 * s + j + 16] = (uint8_t)(kvalues_iq4nl[x->qs[16 * s + j] >> 4] + 128);
         }
+#endif
     }
 }
 
@@ -1668,22 +1824,6 @@ KSB_DOT(iq3_s)
 /* ==== AVX2 row dots: one weight row with one activation row ==== */
 
 #ifdef QUANT_AVX2
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline int hsum256i(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* acc + sums of 4 products of unsigned bytes u and signed bytes s. Without
  * VNNI the 16-bit pair sums saturate above 32767: callers keep u <= 127. */
 static inline __m256i udot256(__m256i acc, __m256i u, __m256i s)
@@ -1702,14 +1842,6 @@ static inline __m256i udot256(__m256i acc, __m256i u, __m256i s)
 static inline __m256i sdot256(__m256i acc, __m256i x, __m256i y)
 {
     return udot256(acc, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-}
-
-/* 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..15). */
-static inline __m256i nibbles32(const uint8_t *qs)
-{
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(b, _mm256_set1_epi8(15));
 }
 
 /* The 32 bits at p as 32 bytes, 0x10 where the bit is set: Q5's fifth bit. */
@@ -1833,18 +1965,22 @@ static float ksb_dot_avx2(const struct ksb *k, const blk_q8_K *a)
             p = udot256(_mm256_setzero_si256(), u, qa);
         /* lanes 0-3 cover the first 16 elements of the 32, lanes 4-7 the rest */
         __m256i sc = k->sb == 32 ? _mm256_set1_epi32(k->sc[c])
-                                 : _mm256_setr_epi32(k->sc[2 * c], k->sc[2 * c], k->sc[2 * c], k->sc[2 * c],
-                                                     k->sc[2 * c + 1], k->sc[2 * c + 1],
-                                                     k->sc[2 * c + 1], k->sc[2 * c + 1]);
+                                 : _mm256_set_m128i(_mm_set1_epi32(k->sc[2 * c + 1]),
+                                                    _mm_set1_epi32(k->sc[2 * c]));
         acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc));
     }
-    int isum = hsum256i(acc), msum = 0, shift = k->sb == 32;
-    for (int g = 0; g < 16; g++) {
-        int s = g >> shift; /* the sub-block holding bsums group g */
-        if (!signed_levels)
-            isum -= k->bias * k->sc[s] * a->bsums[g];
-        msum += k->mn[s] * a->bsums[g];
+    /* the level bias and the mins meet the 16-sums of the activations: one
+     * scale and min per 16-group (a 32-element sub-block covers two) */
+    __m256i sc16 = load256(k->sc), mn16 = load256(k->mn);
+    if (k->sb == 32) {
+        __m128i s8 = _mm256_castsi256_si128(sc16), m8 = _mm256_castsi256_si128(mn16);
+        sc16 = _mm256_set_m128i(_mm_unpackhi_epi16(s8, s8), _mm_unpacklo_epi16(s8, s8));
+        mn16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
     }
+    __m256i bs = load256(a->bsums);
+    int isum = hsum256i(acc), msum = hsum256i(_mm256_madd_epi16(bs, mn16));
+    if (!signed_levels)
+        isum -= k->bias * hsum256i(_mm256_madd_epi16(bs, sc16));
     return a->d * (k->d * (float)isum - k->dmin * (float)msum);
 }
 
@@ -1852,20 +1988,6 @@ static float ksb_dot_avx2(const struct ksb *k, const blk_q8_K *a)
  * maddubs makes 16-bit pair sums (at most 2 * 63 * 127, no saturation), and
  * madd with the sub-block scale widens them to 32 bits, scaled. */
 
-/* The 8 (scale, min) pairs of Q4_K/Q5_K as bytes of two 64-bit words,
- * sub-block s in byte s (kept in registers: no store-to-load round trip). */
-static inline void k4_scales8(const uint8_t *s, uint64_t *sc, uint64_t *mn)
-{
-    uint32_t a, b, c;
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    uint32_t sc_lo = a & 0x3f3f3f3f, mn_lo = b & 0x3f3f3f3f;
-    uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
-    uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
-    *sc = sc_lo | (uint64_t)sc_hi << 32;
-    *mn = mn_lo | (uint64_t)mn_hi << 32;
-}
 
 /* sum over the 8 sub-blocks of mn[s] * (bsums[2s] + bsums[2s+1]), as 8 lanes */
 static inline __m256i k4_minsum(uint64_t mn, const int16_t *bsums)
@@ -2337,6 +2459,7 @@ const char *quant_simd_name(void)
 
 /* ==== the matrix kernel ==== */
 
+#ifdef QUANT_AVX512
 /* How a weight type meets the tiled kernel: its rows unpack to unsigned
  * levels u (one byte per element) with a float scale per sub-block of sb
  * elements; unit is the span sharing one activation scale (32 for the legacy
@@ -2344,7 +2467,6 @@ const char *quant_simd_name(void)
  *   sc[k/sb] * (u[k] - bias) + off[...]
  * where the offset meets the activation as off * sum(a) * da per sub-block
  * (mins = MINS_SUB: K-quant mins) or as off * s per block (mins = MINS_Q8_1). */
-#ifdef QUANT_AVX512
 enum { MINS_NONE, MINS_SUB, MINS_Q8_1 };
 
 struct gemm_kind {
@@ -2494,8 +2616,7 @@ static const struct gemm_kind *gemm_kind(int qtype)
 
 #define TR 4       /* weight rows per tile */
 #define TG 2       /* token groups (of 16) per tile */
-#define CHUNK 8    /* token groups packed at a time: 128 tokens */
-#define MIN_TILED 4 /* fewer activation rows than this use the row dots */
+#define CHUNK_BYTES (256 << 10) /* packed activations per chunk: about half of L2 */
 
 struct gemm_pack {
     int n, nunit, nsub;
@@ -2512,38 +2633,39 @@ static inline __m512i bcast32(const uint8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* out (R, G, 16) = the dots of R unpacked rows with G token groups starting at g0.
- * Every pointer walks forward, so the unrolled steps use immediate offsets. */
+/* The unpacked weight rows of a tile: row r's levels at u + r * stride, its
+ * sub-block scales at sc + r * stride bytes, its offsets likewise. */
+struct gemm_rows {
+    const uint8_t *u;
+    const float *sc, *off;
+    size_t stride;
+};
+
+#define ROW(ptr, r, stride) ((const void *)((const uint8_t *)(ptr) + (size_t)(r) * (stride)))
+
+/* out (R, G, 16) = the dots of R unpacked rows with G token groups starting at
+ * g0. Few pointers, all walking forward with fixed strides between rows and
+ * between groups: general registers run out before vector ones otherwise. */
 static inline __attribute__((always_inline)) void
 gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, int g0,
-          const uint8_t *const *u, const float *const *sc, const float *const *off, float *out)
+          const struct gemm_rows *rows, float *out)
 {
     const int sb = k->sb, per_unit = k->unit / k->sb;
-    const int8_t *qa[TG];
-    const float *da[TG], *asum[TG];
-    const int32_t *init[TG];
-    const uint8_t *ur[TR];
-    const float *scr[TR], *offr[TR];
+    const size_t rs = rows->stride, qs = (size_t)p->n * 16, us = (size_t)p->nsub * 64;
+    const int8_t *qa = p->qa + (size_t)g0 * qs;
+    const float *da = p->da + (size_t)g0 * p->nunit * 16, *asum = p->asum + (size_t)g0 * us / 4;
+    const int32_t *init = p->init + (size_t)g0 * us / 4;
+    const uint8_t *u = rows->u;
+    const float *sc = rows->sc, *off = rows->off;
     __m512 facc[TR][TG];
 #pragma GCC unroll 4
-    for (int g = 0; g < G; g++) {
-        qa[g] = p->qa + (size_t)(g0 + g) * p->n * 16;
-        da[g] = p->da + (size_t)(g0 + g) * p->nunit * 16;
-        asum[g] = p->asum + (size_t)(g0 + g) * p->nsub * 16;
-        init[g] = p->init + (size_t)(g0 + g) * p->nsub * 16;
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        ur[r] = u[r];
-        scr[r] = sc[r];
-        offr[r] = off[r];
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
             facc[r][g] = _mm512_setzero_ps();
             if (per_unit > 1)
                 _mm512_storeu_ps(out + (r * TG + g) * 16, facc[r][g]);
         }
-    }
     for (int un = 0; un < p->nunit; un++) {
         __m512 fsb[TR][TG];
 #pragma GCC unroll 4
@@ -2556,8 +2678,7 @@ gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, in
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
                 /* the bias of the unsigned levels, taken out up front */
-                __m512i iv = k->bias ? _mm512_loadu_si512(init[g]) : _mm512_setzero_si512();
-                init[g] += 16;
+                __m512i iv = k->bias ? _mm512_loadu_si512(ROW(init, g, us)) : _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++)
                     acc[r][g] = iv;
@@ -2567,44 +2688,43 @@ gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, in
                 __m512i A[TG];
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++)
-                    A[g] = _mm512_loadu_si512(qa[g] + 64 * st);
+                    A[g] = _mm512_loadu_si512(ROW(qa + 64 * st, g, qs));
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
-                    __m512i B = bcast32(ur[r] + 4 * st);
+                    __m512i B = bcast32((const uint8_t *)ROW(u + 4 * st, r, rs));
 #pragma GCC unroll 4
                     for (int g = 0; g < G; g++)
                         acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], B, A[g]);
                 }
             }
 #pragma GCC unroll 4
-            for (int g = 0; g < G; g++)
-                qa[g] += 16 * sb;
-#pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m512 scv = _mm512_set1_ps(*scr[r]++);
-                ur[r] += sb;
+                __m512 scv = _mm512_set1_ps(*(const float *)ROW(sc, r, rs));
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++)
                     fsb[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][g]), scv, fsb[r][g]);
             }
-            if (k->mins == MINS_SUB) {
+            if (k->mins == MINS_SUB)
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++) {
-                    __m512 av = _mm512_loadu_ps(asum[g]);
-                    asum[g] += 16;
+                    __m512 av = _mm512_loadu_ps(ROW(asum, g, us));
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++)
-                        fsb[r][g] = _mm512_fmadd_ps(av, _mm512_set1_ps(offr[r][0]), fsb[r][g]);
+                        fsb[r][g] = _mm512_fmadd_ps(av, _mm512_set1_ps(*(const float *)ROW(off, r, rs)),
+                                                    fsb[r][g]);
                 }
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                    offr[r]++;
+            qa += 16 * sb;
+            u += sb;
+            init += 16;
+            if (k->mins == MINS_SUB) {
+                asum += 16;
+                off++;
             }
+            sc++;
         }
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
-            __m512 dv = _mm512_loadu_ps(da[g]);
-            da[g] += 16;
+            __m512 dv = _mm512_loadu_ps(ROW(da, g, (size_t)p->nunit * 64));
             /* super-blocks: 24 accumulators would not fit in registers with the
              * operands, so the running sums live in out (once per 256 elements) */
 #pragma GCC unroll 4
@@ -2615,12 +2735,17 @@ gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, in
                 else
                     facc[r][g] = _mm512_fmadd_ps(fsb[r][g], dv, facc[r][g]);
             if (k->mins == MINS_Q8_1) {
-                __m512 sv = _mm512_loadu_ps(asum[g]);
-                asum[g] += 16;
+                __m512 sv = _mm512_loadu_ps(ROW(asum, g, us));
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++)
-                    facc[r][g] = _mm512_fmadd_ps(sv, _mm512_set1_ps(offr[r][un]), facc[r][g]);
+                    facc[r][g] = _mm512_fmadd_ps(sv, _mm512_set1_ps(*(const float *)ROW(off, r, rs)),
+                                                 facc[r][g]);
             }
+        }
+        da += 16;
+        if (k->mins == MINS_Q8_1) {
+            asum += 16;
+            off++;
         }
     }
 #pragma GCC unroll 4
@@ -2632,18 +2757,16 @@ gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, in
 }
 
 typedef void (*gemm_tile_fn)(const struct gemm_pack *p, const struct gemm_kind *k, int g0,
-                             const uint8_t *const *u, const float *const *sc,
-                             const float *const *off, float *out);
+                             const struct gemm_rows *rows, float *out);
 
 /* One instance per (kind shape, tile shape): the constants let the compiler
  * keep every accumulator in a register. */
 #define GEMM_TILE(name, SB, UNIT, BIAS, MINS, R, G)                                        \
     static void name(const struct gemm_pack *p, const struct gemm_kind *k, int g0,        \
-                     const uint8_t *const *u, const float *const *sc,                      \
-                     const float *const *off, float *out)                                  \
+                     const struct gemm_rows *rows, float *out)                             \
     {                                                                                      \
         const struct gemm_kind kc = {SB, UNIT, (BIAS) ? k->bias : 0, MINS, NULL};          \
-        gemm_tile(p, &kc, R, G, g0, u, sc, off, out);                                      \
+        gemm_tile(p, &kc, R, G, g0, rows, out);                                            \
     }
 #define GEMM_TILES(kind, SB, UNIT, BIAS, MINS)             \
     GEMM_TILE(tile_##kind##_42, SB, UNIT, BIAS, MINS, 4, 2) \
@@ -2674,10 +2797,13 @@ static void gemm_pack_acts(struct gemm_pack *p, const struct gemm_kind *k, int d
                            const void *a, size_t lda, int j0, int nt, int ngroups)
 {
     const int n = p->n, n4 = n / 4;
-    memset(p->qa, 0, (size_t)ngroups * n * 16);
-    memset(p->da, 0, (size_t)ngroups * p->nunit * 16 * sizeof(float));
-    memset(p->init, 0, (size_t)ngroups * p->nsub * 16 * sizeof(int32_t));
-    memset(p->asum, 0, (size_t)ngroups * p->nsub * 16 * sizeof(float));
+    if (nt < ngroups * 16) { /* a partial last group: its empty lanes stay zero */
+        size_t g = (size_t)ngroups - 1;
+        memset(p->qa + g * n * 16, 0, (size_t)n * 16);
+        memset(p->da + g * p->nunit * 16, 0, (size_t)p->nunit * 16 * sizeof(float));
+        memset(p->init + g * p->nsub * 16, 0, (size_t)p->nsub * 16 * sizeof(int32_t));
+        memset(p->asum + g * p->nsub * 16, 0, (size_t)p->nsub * 16 * sizeof(float));
+    }
     for (int t = 0; t < nt; t++) {
         const uint8_t *row = (const uint8_t *)a + (size_t)(j0 + t) * lda;
         int g = t / 16, l = t % 16;
@@ -2730,11 +2856,16 @@ static int gemm_tiled(int qtype, int n, const void *w, size_t ldw, int nw, const
                       size_t lda, int na, float *y, size_t ldy)
 {
     const struct gemm_kind *k = gemm_kind(qtype);
-    if (!k || na < MIN_TILED || n % k->unit)
+    /* below these counts the row dots win: unpacking a row costs about as
+     * much as a few tokens of tiled work (measured on Zen 5) */
+    if (!k || na < (k->unit == 32 ? 5 : 12) || n % k->unit)
         return -1;
     const gemm_tile_fn *tiles = gemm_tiles(k);
     struct gemm_pack p = {n, n / k->unit, n / k->sb, NULL, NULL, NULL, NULL};
-    int chunk = (na + 15) / 16 < CHUNK ? (na + 15) / 16 : CHUNK;
+    /* token groups per chunk: each weight row is unpacked once per chunk */
+    int chunk = CHUNK_BYTES / (n * 16);
+    chunk = chunk < 2 ? 2 : chunk > 32 ? 32 : chunk;
+    chunk = (na + 15) / 16 < chunk ? (na + 15) / 16 : chunk;
     size_t qa_bytes = (size_t)chunk * n * 16, da_bytes = (size_t)chunk * p.nunit * 64;
     size_t sub_bytes = (size_t)chunk * p.nsub * 64;
     size_t row_bytes = (size_t)n + 2 * p.nsub * sizeof(float);
@@ -2746,37 +2877,32 @@ static int gemm_tiled(int qtype, int n, const void *w, size_t ldw, int nw, const
     p.init = (int32_t *)(mem + qa_bytes + da_bytes);
     p.asum = (float *)(mem + qa_bytes + da_bytes + sub_bytes);
     uint8_t *rows = mem + qa_bytes + da_bytes + 2 * sub_bytes;
-    const uint8_t *u[TR];
-    const float *sc[TR], *off[TR];
     float out[TR * TG * 16];
     for (int j0 = 0; j0 < na; j0 += chunk * 16) {
         int nt = na - j0 < chunk * 16 ? na - j0 : chunk * 16, ng = (nt + 15) / 16;
         gemm_pack_acts(&p, k, quant_type(qtype)->dot_type, a, lda, j0, nt, ng);
         for (int i0 = 0; i0 < nw; i0 += TR) {
             int nr = nw - i0 < TR ? nw - i0 : TR;
+            /* row r: n levels, then nsub scales, then nsub offsets */
             for (int r = 0; r < nr; r++) {
                 uint8_t *ur = rows + r * row_bytes;
-                float *scr = (float *)(ur + n), *offr = scr + p.nsub;
-                k->unpack((const uint8_t *)w + (size_t)(i0 + r) * ldw, n, ur, scr, offr);
-                u[r] = ur;
-                sc[r] = scr;
-                off[r] = offr;
+                float *scr = (float *)(ur + n);
+                k->unpack((const uint8_t *)w + (size_t)(i0 + r) * ldw, n, ur, scr, scr + p.nsub);
             }
             for (int g0 = 0; g0 < ng; g0 += TG) {
                 int gg = ng - g0 < TG ? ng - g0 : TG;
-                if (nr == TR) {
-                    tiles[gg == TG ? 0 : 1](&p, k, g0, u, sc, off, out);
-                } else {
-                    for (int r = 0; r < nr; r++)
-                        tiles[gg == TG ? 2 : 3](&p, k, g0, u + r, sc + r, off + r, out + r * TG * 16);
+                for (int r = 0; r < nr; r += nr == TR ? TR : 1) {
+                    const uint8_t *ur = rows + r * row_bytes;
+                    struct gemm_rows gr = {ur, (const float *)(ur + n),
+                                           (const float *)(ur + n) + p.nsub, row_bytes};
+                    tiles[(nr == TR ? 0 : 2) + (gg == TG ? 0 : 1)](&p, k, g0, &gr, out + r * TG * 16);
                 }
-                for (int r = 0; r < nr; r++)
-                    for (int g = 0; g < gg; g++)
-                        for (int l = 0; l < 16; l++) {
-                            int j = j0 + (g0 + g) * 16 + l;
-                            if (j < j0 + nt)
-                                y[(size_t)j * ldy + i0 + r] = out[(r * TG + g) * 16 + l];
-                        }
+                for (int g = 0; g < gg; g++)
+                    for (int l = 0; l < 16 && (g0 + g) * 16 + l < nt; l++) {
+                        float *yj = y + (size_t)(j0 + (g0 + g) * 16 + l) * ldy + i0;
+                        for (int r = 0; r < nr; r++)
+                            yj[r] = out[(r * TG + g) * 16 + l];
+                    }
             }
         }
     }
@@ -2789,6 +2915,8 @@ void quant_gemm(int qtype, int n, const void *w, size_t ldw, int nw,
                 const void *a, size_t lda, int na, float *y, size_t ldy)
 {
     const struct quant_type *t = quant_type(qtype);
+    if (!t || !t->dot) /* an activation-only type: nothing to multiply */
+        return;
 #ifdef QUANT_AVX512
     if (gemm_tiled(qtype, n, w, ldw, nw, a, lda, na, y, ldy) == 0)
         return;

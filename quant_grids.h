@@ -317,5 +317,10 @@ static const uint32_t iq3s_grid[512] = {
 #undef G2
 #undef G3X
 #undef G3S
+#undef QG2_MAG
+#undef QG2_B
+#undef QG3X_MAG
+#undef QG3X_B
+#undef QG3S_B
 
 #endif

@@ -142,7 +142,10 @@ struct quant_type {
 const struct quant_type *quant_type(int qtype);
 size_t quant_row_bytes(int qtype, int64_t n); /* 0 if n is not a multiple of blck */
 /* y[j*ldy + i] = dot(row i of w, row j of a) for i < nw, j < na; rows of n
- * elements, strides in bytes for w and a, in floats for y. */
+ * elements, strides in bytes for w and a, in floats for y. Thread-safe (no
+ * shared state): callers split nw between threads. Few activation rows go row
+ * by row (decode); more are tiled, packing a into a malloc'd scratch. Results
+ * equal the dots up to float summation order. */
 void quant_gemm(int qtype, int n, const void *w, size_t ldw, int nw,
                 const void *a, size_t lda, int na, float *y, size_t ldy);
 float quant_f16_to_f32(uint16_t h);
@@ -289,6 +292,207 @@ float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample
 
 /* args: "--arch A", "--shape S", "--set K=V", "--type T", "--vocab F", "-o F". */
 int synth_main(int argc, char **argv, char *err, size_t errlen);
+
+/* ==== chat.c: chat templates and reasoning blocks ==== */
+
+enum chat_family { CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2 };
+
+struct chat_template {
+    int family;              /* enum chat_family */
+    int known;               /* recognised (0: no or unknown template, ChatML used) */
+    int thinking_switch;     /* the template reads enable_thinking (Qwen3) */
+    int think_tags;          /* the template mentions <think> */
+    char system_default[512]; /* the system message written when none is given ("" none) */
+};
+
+struct chat_msg {
+    const char *role;        /* "system", "user" or "assistant" (NUL-terminated) */
+    const char *content;     /* (len) bytes */
+    size_t len;
+};
+
+/* Recognises the family from the template text (tmpl NULL: none). */
+void chat_detect(struct chat_template *ct, const char *tmpl, size_t len);
+const char *chat_family_name(int family);
+/* The prompt text for msgs followed by the assistant's generation prompt;
+ * malloc'd (length in *len), NULL when out of memory. */
+char *chat_render(const struct chat_template *ct, const struct chat_msg *msgs, int n,
+                  int enable_thinking, size_t *len);
+/* The text that ends an assistant turn (a stop string for chat requests). */
+const char *chat_end_marker(const struct chat_template *ct);
+
+/* Generated text split into reasoning (between <think> and </think>) and
+ * content, as spans of the text. Not final: the spans cover only what is
+ * settled (a partial tag or trailing reasoning whitespace is held back), so
+ * they only grow as text is appended. Text not starting with <think> is all
+ * content. */
+struct chat_split { size_t r_off, r_len, c_off, c_len; };
+void chat_split(const char *text, size_t len, int final, struct chat_split *out);
+
+/* ==== http.c: `strata serve`, an OpenAI-compatible HTTP/1.1 server ==== */
+
+#define HTTP_MAX_HEADERS 64
+enum { HTTP_PARTIAL = -2, HTTP_BAD = -1, HTTP_TOO_MANY = -3 };
+
+struct http_header {
+    const char *name, *value;  /* into the request buffer; not NUL-terminated */
+    size_t name_len, value_len;
+};
+
+struct http_request {
+    const char *method, *target;
+    size_t method_len, target_len;
+    int minor;                 /* HTTP/1.minor */
+    struct http_header headers[HTTP_MAX_HEADERS];
+    int n_headers;
+};
+
+/* Parses the request line and headers at buf[0..len) without allocating:
+ * returns the bytes they take (through the empty line), HTTP_PARTIAL when
+ * buf is a valid but incomplete prefix, HTTP_BAD when it cannot become a
+ * valid request, HTTP_TOO_MANY past HTTP_MAX_HEADERS headers. LF alone is
+ * accepted as a line end. len is capped at INT_MAX. */
+int http_parse_request(const char *buf, size_t len, struct http_request *req);
+/* The value of the first header named name (case-insensitive); NULL if absent. */
+const struct http_header *http_header(const struct http_request *req, const char *name);
+/* "8388608", "512K", "8M" (binary units) into *out; -1 if malformed or > 1 GiB. */
+int http_parse_size(const char *s, size_t *out);
+/* `strata serve` (argv[0] is "serve"); returns the exit status. */
+int http_serve_main(int argc, char **argv);
+
+/* ==== kv.c: the paged KV cache ==== */
+
+/* Cell formats (--kv): how one cell's K and V rows (E values per KV head)
+ * are stored. int8: E codes and one f32 scale per row (symmetric absmax);
+ * q4: Q4_0 blocks of 32 along E; k8v4: int8 K, Q4_0 V. */
+enum kv_cell { KV_CELL_F32, KV_CELL_F16, KV_CELL_INT8, KV_CELL_Q4, KV_CELL_K8V4, KV_CELL_COUNT };
+
+#define KV_PAGE_CELLS 64 /* default cells per page (kv.c says why) */
+
+struct kv_config {
+    int n_layer, n_head_kv, head_dim; /* L, K, E */
+    int cell;                         /* enum kv_cell */
+    int page_cells;                   /* P: a power of two in [16, 256]; 0: KV_PAGE_CELLS */
+    int n_seq;                        /* sequence slots */
+    int n_ctx;                        /* most cells one sequence holds (<= 0 with mem_mib: the pool) */
+    int mem_mib;                      /* 0: pages for n_seq sequences of n_ctx cells;
+                                         > 0: as many pages as fit in this many MiB */
+};
+
+struct kv_stats {
+    int pages, free;       /* pool pages; pages on the free list */
+    int cached, idle;      /* pages in the prefix table; of those, held by no sequence */
+    size_t cell_bytes;     /* one cell, every layer, K and V */
+    size_t page_bytes;     /* one page */
+    size_t total_bytes;    /* everything kv_new allocated */
+};
+
+struct kv;
+
+int kv_cell_parse(const char *name);   /* "f32" "f16" "int8" "q4" "k8v4"; -1 if unknown */
+const char *kv_cell_name(int cell);
+/* Bytes of one cell over all layers, K and V, scales included (what
+ * --kv-mem buys); 0 when the format cannot hold the head dim. */
+size_t kv_cell_bytes(const struct kv_config *cfg);
+/* Allocates the whole pool; nothing is allocated afterwards. */
+int kv_new(struct kv **kv, const struct kv_config *cfg, char *err, size_t errlen);
+void kv_free(struct kv *kv);
+const struct kv_config *kv_cfg(const struct kv *kv); /* page_cells and n_ctx filled in */
+void kv_stats(const struct kv *kv, struct kv_stats *s);
+
+/* Sequences. A sequence is cells 0..n-1 (cell i = position i), held in
+ * pages through its page table. Contract: the cells kv_append adds are
+ * written (kv_store, every layer) before the next kv_append, kv_seq_fork or
+ * kv_seq_free of that sequence; cells that will not be written are removed
+ * with kv_truncate first. */
+int kv_seq_new(struct kv *kv, char *err, size_t errlen);          /* an empty sequence's id, or -1 */
+/* A new sequence holding all of src's cells: pages shared (reference
+ * counted), copied at the first write into a shared page. */
+int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen);
+/* Ends the sequence; its whole pages with known tokens stay in the prefix
+ * cache until their pages are needed (least recently used first). */
+void kv_seq_free(struct kv *kv, int seq);
+int kv_seq_len(const struct kv *kv, int seq);
+/* Adds n cells (tokens: their ids for prefix reuse, or NULL). Fails with a
+ * message, changing nothing, when the sequence would pass n_ctx or the pool
+ * has too few free or evictable pages; other sequences are never touched. */
+int kv_append(struct kv *kv, int seq, const int32_t *tokens, int n, char *err, size_t errlen);
+void kv_truncate(struct kv *kv, int seq, int n);   /* drops the last n cells (all if n >= len) */
+/* On an empty sequence: shares the cached pages holding the longest
+ * page-aligned prefix of tokens[0..n) and returns the cells reused (a
+ * multiple of P; pass n-1 to keep a token to evaluate). */
+int kv_prefix(struct kv *kv, int seq, const int32_t *tokens, int n);
+/* Writes layer's K and V rows of cells pos..pos+n-1: k, v (n, K*E) f32,
+ * converted to the cell format. The cells must exist and be unshared. */
+int kv_store(struct kv *kv, int seq, int layer, int pos, int n, const float *k, const float *v,
+             char *err, size_t errlen);
+/* Dequantised rows of one (layer, kv head) for the attention kernels:
+ * cells c0..c0+n-1, or the listed cells; k, v (n, E) (either may be NULL).
+ * No checks: the caller keeps the cells within the sequence. */
+void kv_read(const struct kv *kv, int seq, int layer, int head, int c0, int n, float *k, float *v);
+void kv_gather(const struct kv *kv, int seq, int layer, int head, const int32_t *cells, int n,
+               float *k, float *v);
+/* Introspection for tests: the page holding a cell (-1 if none) and its
+ * reference count (sequences holding it, +1 while in the prefix table). */
+int kv_page_of(const struct kv *kv, int seq, int cell);
+int kv_page_refs(const struct kv *kv, int page);
+
+/* ==== attn.c: CPU attention kernels ==== */
+
+/* Softmax(scale · q·k) · v over a sequence's cells in kv.c's pages, causal
+ * (query t sees cells 0..pos0+t), GQA (query head h reads kv head h/(H/K)).
+ * Online softmax over blocks of ATTN_BLOCK cells; no T×C score buffer. */
+
+#define ATTN_BLOCK 64      /* cells per online-softmax step */
+#define ATTN_MAX_SPLIT 32  /* most decode partitions */
+
+enum attn_flag {
+    /* the reference engine's rounding points with an F16 cache: Q rounded to
+     * F16 before K·Q (K F16), and the normalised probabilities rounded to
+     * F16 before they multiply V (V F16); costs a second pass over K */
+    ATTN_F16_REF = 1
+};
+
+struct attn_job {
+    const struct kv *kv;
+    int seq, layer;
+    const float *q;         /* (T, H*E) queries, RoPE applied */
+    float *out;             /* (T, H*E) */
+    int T;                  /* queries */
+    int pos0;               /* query t is cell pos0+t; cells 0..pos0+T-1 exist */
+    float scale;            /* 0: 1/sqrt(E) */
+    int flags;              /* enum attn_flag */
+    int n_split;            /* decode: partitions S (0: attn_split's choice) */
+    /* QSA: query t attends to cells sel[sel_off[t] .. sel_off[t+1]),
+     * ascending, each <= pos0+t (attn_topk makes such lists) */
+    const int32_t *sel;
+    const int64_t *sel_off; /* (T+1) */
+};
+
+struct attn;
+/* Scratch for kernels on H query heads, K kv heads, head dim E (a multiple
+ * of 16), decode windows of up to max_window queries, pools of up to
+ * n_threads threads; allocated once. */
+int attn_new(struct attn **a, int n_head, int n_head_kv, int head_dim, int max_window,
+             int n_threads, char *err, size_t errlen);
+void attn_free(struct attn *a);
+/* Prompt: tasks of (kv head, query tile) walking all visible cells. */
+int attn_prompt(struct attn *a, struct pool *p, const struct attn_job *j, char *err, size_t errlen);
+/* Decode (T <= max_window): the cells cut into S partitions run in
+ * parallel, each giving (max, sum, accumulator) per row, merged by
+ * log-sum-exp; S = 1 gives attn_prompt's result bit for bit. */
+int attn_decode(struct attn *a, struct pool *p, const struct attn_job *j, char *err, size_t errlen);
+/* QSA prompt: one online softmax per (query, kv head) over its selected
+ * cells; with every cell selected it equals attn_prompt bit for bit. */
+int attn_qsa_prompt(struct attn *a, struct pool *p, const struct attn_job *j, char *err, size_t errlen);
+/* QSA decode: each query's selected cells split into partitions and merged. */
+int attn_qsa_decode(struct attn *a, struct pool *p, const struct attn_job *j, char *err, size_t errlen);
+/* The decode partition count for n cells, K kv heads and n_threads. */
+int attn_split(int n_cells, int n_head_kv, int n_threads);
+/* QSA selection over cells 0..n-1: the k highest scores (ties to the lower
+ * cell; NaN lowest) and the last `local` cells, ascending into out
+ * (room for min(n, k + local)); returns the count. n <= k selects all. */
+int attn_topk(const float *score, int n, int k, int local, int32_t *out);
 
 /* ==== Public API: what a program embedding Strata calls ==== */
 

@@ -265,6 +265,25 @@ static void golden_one(const char *name, char *cname, size_t cap)
         }
     }
     printf("     %-8s dot: max err %.2e of |dot|, %.2e of sum|w*a|\n", name, max_rel, max_mag);
+
+    /* the matrix kernel on the same rows, with xq repeated as 16 tokens (the
+     * tiled path where one exists) */
+    const int na = 16;
+    uint8_t *a16 = malloc(qbytes * na);
+    float *y = malloc(sizeof *y * rows * na);
+    for (int j = 0; j < na; j++)
+        memcpy(a16 + j * qbytes, xq->data, qbytes);
+    quant_gemm(w->type, n, w->data, rb, rows, a16, qbytes, na, y, rows);
+    for (int j = 0; j < na; j++)
+        for (int r = 0; r < rows; r++) {
+            float ref = ((const float *)dot->data)[r], got = y[j * rows + r];
+            double e = fabs((double)got - ref);
+            double m = dot_magnitude(t, (const uint8_t *)w->data + r * rb, xq->data, n);
+            CHECK(e <= 1e-5 * fabs(ref) || e <= 1e-6 * m, "%s gemm row %d token %d: %.9g vs %.9g",
+                  name, r, j, got, ref);
+        }
+    free(a16);
+    free(y);
     free(deq);
     free(aq);
     gguf_close(&g);
