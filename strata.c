@@ -38,6 +38,7 @@ static const char usage[] =
     "  info       -m MODEL\n"
     "  bench      -m MODEL [-p N] [-n N] [-r REPS]\n"
     "  synth      --arch A | --shape S [--set K=V] [--type T] [--vocab F] -o F\n"
+    "  serve      -m MODEL [--port P] [--host H] [--parallel N] ... (strata serve --help)\n"
     "  help       this text\n"
     "\n"
     "shared options:\n"
@@ -46,6 +47,9 @@ static const char usage[] =
     "  -c, --ctx N      context length (default: the model's, at most 4096;\n"
     "                   perplexity: the window, default 512)\n"
     "  --kv f16|f32     KV cache cells (default f16)\n"
+    "  --float          generate/perplexity/bench: compute the float function (weights\n"
+    "                   dequantised, activations F32; slower): with --kv f32 it is the\n"
+    "                   float reference the parity tests hold Strata to\n"
     "\n"
     "generate defaults: -n 128 --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05\n"
     "--repeat-penalty 1 --repeat-last-n 64 (-1: the context), a random seed\n"
@@ -131,7 +135,7 @@ struct opts {
     const char *model, *prompt, *file;
     int threads, n_ctx, kv;
     int n_predict, n_prompt, reps;
-    int logprobs, no_special, no_bos, json, have_seed;
+    int logprobs, no_special, no_bos, json, have_seed, f32ref;
     struct sample_params sp;
 };
 
@@ -167,6 +171,7 @@ static const struct flag flags[] = {
     { "--no-special", NULL, O_FLAG, OFF(no_special), C_GEN | C_TOK, 0, 0 },
     { "--no-bos", NULL, O_FLAG, OFF(no_bos), C_TOK, 0, 0 },
     { "--json", NULL, O_FLAG, OFF(json), C_GEN | C_TOK | C_PPL, 0, 0 },
+    { "--float", NULL, O_FLAG, OFF(f32ref), C_GEN | C_PPL | C_BENCH, 0, 0 },
 };
 #undef OFF
 
@@ -329,6 +334,7 @@ static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct poo
         *pool = NULL;
         return fail("%s", err);
     }
+    model_ctx_set_f32ref(*c, o->f32ref);
     return 0;
 }
 
@@ -965,6 +971,8 @@ int main(int argc, char **argv)
         fputs(usage, stdout);
         return 0;
     }
+    if (strcmp(cmd, "serve") == 0)
+        return http_serve_main(argc - 1, argv + 1);
     if (strcmp(cmd, "synth") == 0) {
         char err[512];
         if (synth_main(argc - 1, argv + 1, err, sizeof err) != 0)

@@ -18,7 +18,8 @@
 /* ---- the runner ---- */
 
 static int n_pass, n_fail, n_skip;
-static const char *cur;      /* current case name, NULL between cases */
+static const char *cur;      /* current case name (cur_name), NULL between cases */
+static char cur_name[256];
 static int cur_failed, cur_skipped, cur_on;
 static char **filters;
 static int n_filters;
@@ -54,7 +55,8 @@ static int selected(const char *name)
 int test_begin(const char *name)
 {
     end_case();
-    cur = name;
+    snprintf(cur_name, sizeof cur_name, "%s", name);
+    cur = cur_name;
     cur_failed = cur_skipped = 0;
     cur_on = selected(name);
     return cur_on;
@@ -158,8 +160,11 @@ int main(int argc, char **argv)
     test_sample();
     test_model();
     test_synth();
+    test_kv();
+    test_attn();
     test_cli();
     test_demo();
+    test_http();
     end_case();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

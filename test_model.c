@@ -729,14 +729,13 @@ static double parity_ppl(struct model *mod, struct model_ctx *ctx, const char *t
     return *n_scored ? nll / *n_scored : NAN;
 }
 
+/* f32ref: the parity rule (greedy generation and perplexity) against the float
+ * reference; otherwise only perplexity against the reference engine's own run
+ * (see test_goldens for why). */
 static void check_golden(const char *model_file, const char *golden_file, int f32ref, double tol)
 {
-    /* the runner reads a case's name when the next one begins: alternate */
-    static char names[2][160];
-    static int which;
-    char *name = names[which ^= 1], path[512], gpath[512], tpath[512];
-    snprintf(name, sizeof names[0], "model/parity %s%s", golden_file,
-             f32ref ? " (float mode, kv f32)" : " (kv f16)");
+    char name[160], path[512], gpath[512], tpath[512];
+    snprintf(name, sizeof name, "model/%s %s", f32ref ? "parity" : "perplexity", golden_file);
     if (!test_begin(name))
         return;
     if (!test_data(model_file, path, sizeof path) || !test_data(golden_file, gpath, sizeof gpath) ||
@@ -761,12 +760,13 @@ static void check_golden(const char *model_file, const char *golden_file, int f3
     const struct json *gen = json_get(&golden, "generation");
     const struct json *results = gen ? json_get(gen, "results") : NULL;
     struct parity P = {0};
-    for (size_t r = 0; results && r < results->len; r++)
+    for (size_t r = 0; f32ref && results && r < results->len; r++)
         parity_generation(ctx, V, &results->items[r], lg, &P);
     free(lg);
     CHECK(results && results->len > 0, "golden has no generation results");
     double mean_d = P.n_d ? P.sum_d / P.n_d : 0;
     CHECK(mean_d <= tol, "mean |dlogprob| %.4f above %.3f", mean_d, tol);
+    CHECK(!f32ref || P.total > 0, "no generation step compared");
 
     struct model_ctx *pctx = NULL;
     const struct json *ppl = json_get(&golden, "perplexity");
@@ -783,10 +783,11 @@ static void check_golden(const char *model_file, const char *golden_file, int f3
         CHECK(rel <= 0.002, "mean NLL %.6f vs reference %.6f (%.3f%%)", nll, gnll->num, 100 * rel);
     }
     model_ctx_free(pctx);
-    printf("     tokens %d/%d matched (%d stops at margin <= 0.05), |dlogprob| mean %.2e max %.2e;"
-           " NLL %.6f vs %.6f (rel %.1e, %d scored)\n",
-           P.matched, P.total, P.stopped_ok, mean_d, P.max_d, nll, gnll ? gnll->num : NAN, rel,
-           n_scored);
+    if (f32ref)
+        printf("     tokens %d/%d matched (%d stops at margin <= 0.05), |dlogprob| mean %.2e max %.2e;",
+               P.matched, P.total, P.stopped_ok, mean_d, P.max_d);
+    printf("%sNLL %.6f vs %.6f (rel %.1e, %d scored)\n", f32ref ? " " : "     ", nll,
+           gnll ? gnll->num : NAN, rel, n_scored);
 done:
     json_free(&golden);
     free(gtext), free(ptext);
@@ -795,6 +796,14 @@ done:
     pool_free(pool);
 }
 
+/* The parity rule holds against the float reference (*.f32ref.golden.json)
+ * in float mode with an F32 cache: the same function, summed in another order.
+ * The default path (activations quantised per weight type, F16 cache) computes
+ * the reference engine's function, but its SIMD dot products add the same
+ * integer block sums in another order; these random-weight models amplify
+ * that last-bit difference into 0.05-0.4 nats by the end of a greedy run, so
+ * only its perplexity is held to the reference engine's (*.golden.json). The
+ * trained demo model (test_demo.c) checks the default path's logprobs. */
 static void test_goldens(void)
 {
     static const struct {

@@ -81,7 +81,8 @@ static uint16_t bf16_ref(float f)
 
 static void case_f16(void)
 {
-    test_begin("quant/f16-conversions");
+    if (!test_begin("quant/f16-conversions"))
+        return;
     const struct quant_type *f16 = quant_type(QT_F16);
     int bad_to = 0, bad_back = 0, bad_mid = 0, bad_rand = 0, bad_vec = 0;
 
@@ -201,7 +202,8 @@ static void golden_one(const char *name, char *cname, size_t cap)
 {
     char rel[128], path[512], err[256];
     snprintf(cname, cap, "quant/golden-%s", name); /* the runner keeps the pointer */
-    test_begin(cname);
+    if (!test_begin(cname))
+        return;
     snprintf(rel, sizeof rel, "quant/%s.gguf", name);
     if (!test_data(rel, path, sizeof path))
         return;
@@ -344,7 +346,8 @@ static void *random_act(int qtype, int n, unsigned *st)
 
 static void case_simd(void)
 {
-    test_begin("quant/simd-vs-scalar");
+    if (!test_begin("quant/simd-vs-scalar"))
+        return;
     printf("     simd: %s\n", quant_simd_name());
     unsigned st = 777;
     const int n = 4096;
@@ -387,7 +390,8 @@ static const struct rt_case rt_cases[] = {
 
 static void case_roundtrip(void)
 {
-    test_begin("quant/quantiser-roundtrip");
+    if (!test_begin("quant/quantiser-roundtrip"))
+        return;
     unsigned st = 4242;
     const int n = 256 * 64;
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
@@ -420,7 +424,8 @@ static void case_roundtrip(void)
 
 static void case_gemm(void)
 {
-    test_begin("quant/gemm-vs-dot");
+    if (!test_begin("quant/gemm-vs-dot"))
+        return;
     static const int nws[] = {1, 5, 16, 19, 64};
     static const int nas[] = {1, 2, 3, 8, 16, 17, 33, 64};
     unsigned st = 99;
@@ -478,7 +483,8 @@ static void case_gemm(void)
     printf("     max |gemm - dot| / sum|w*a| = %.2e\n", worst);
 
     /* long rows: the tiled kernel packs tokens in several chunks */
-    test_begin("quant/gemm-chunks");
+    if (!test_begin("quant/gemm-chunks"))
+        return;
     static const int long_types[] = {QT_Q8_0, QT_Q4_1, QT_Q4_K, QT_Q6_K, QT_Q2_K, QT_IQ4_XS};
     const int n = 8192, nw = 5, na = 40;
     worst = 0;
