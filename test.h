@@ -38,6 +38,9 @@ void test_sample(void);
 void test_model(void);
 void test_cli(void);
 void test_synth(void);
+void test_kv(void);
+void test_attn(void);
 void test_demo(void);
+void test_http(void);
 
 #endif

@@ -1,0 +1,2807 @@
+/*
+ * http.c — `strata serve`: an OpenAI-compatible HTTP/1.1 server in llama-server's
+ * dialect (ARCH.md §5): the request parser, connections, routes, Server-Sent
+ * Events, the slots and their scheduler, /metrics and the chat page.
+ *
+ * Threads: one per connection (at most --max-conns), one scheduler that runs
+ * the slots' decode steps, and the main thread, which loads the model and
+ * waits for SIGINT/SIGTERM. The parser never allocates; a request body takes
+ * one allocation of its Content-Length. No model numerics here: the scheduler
+ * drives model_eval and sample_* through strata.h. Only http_serve_main's
+ * start-up and shutdown print (to stderr); every other function returns its
+ * errors. V is the vocabulary, C the cells of one slot's context.
+ */
+#include "strata.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HTTP_HEAD_MAX 16384          /* request line + headers, bytes (431 beyond) */
+#define HTTP_DEFAULT_MAX_BODY (8u << 20)
+#define HTTP_DEFAULT_PORT 8080
+#define HTTP_DEFAULT_PARALLEL 4
+#define HTTP_DEFAULT_MAX_CONNS 64
+#define HTTP_DEFAULT_TIMEOUT_S 30    /* idle connection / whole request */
+#define HTTP_CTX_CAP 4096            /* default context: the model's, at most this */
+#define HTTP_PROMPT_CHUNK 512        /* prompt tokens one slot evaluates per step */
+#define HTTP_MAX_PROBS 100           /* top log-probabilities per token */
+#define HTTP_MAX_STOPS 16            /* stop strings per request */
+#define HTTP_MAX_STOP_LEN 512        /* bytes per stop string */
+#define HTTP_POLL_MS 100             /* waiting threads look for disconnects and shutdown this often */
+#define HTTP_DRAIN_S 10              /* on SIGINT/SIGTERM, running requests get this long */
+#define HTTP_RATE_WINDOW 16          /* requests behind the tokens/s gauges */
+#define HTTP_METRIC_ROWS 256         /* distinct (route, status) pairs counted */
+#define HTTP_THREAD_STACK (256u << 10)
+
+/* ==== the request parser ==== */
+
+static int is_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+        return 1;
+    return c && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/* A line end at *i: CRLF or LF. */
+static int parse_eol(const char *buf, size_t len, size_t *i)
+{
+    if (*i >= len)
+        return HTTP_PARTIAL;
+    if (buf[*i] == '\n') {
+        (*i)++;
+        return 0;
+    }
+    if (buf[*i] != '\r')
+        return HTTP_BAD;
+    if (*i + 1 >= len)
+        return HTTP_PARTIAL;
+    if (buf[*i + 1] != '\n')
+        return HTTP_BAD;
+    *i += 2;
+    return 0;
+}
+
+int http_parse_request(const char *buf, size_t len, struct http_request *req)
+{
+    static const char version[] = "HTTP/1.";
+    size_t i = 0, start;
+    int rc;
+    if (len > INT_MAX)
+        len = INT_MAX;
+    req->n_headers = 0;
+    /* method SP target SP HTTP/1.x */
+    for (start = i;; i++) {
+        if (i == len)
+            return HTTP_PARTIAL;
+        if (buf[i] == ' ')
+            break;
+        if (!is_tchar((unsigned char)buf[i]))
+            return HTTP_BAD;
+    }
+    if (i == start)
+        return HTTP_BAD;
+    req->method = buf + start;
+    req->method_len = i - start;
+    for (start = ++i;; i++) {
+        if (i == len)
+            return HTTP_PARTIAL;
+        unsigned char c = (unsigned char)buf[i];
+        if (c == ' ')
+            break;
+        if (c < 0x21 || c > 0x7e)
+            return HTTP_BAD;
+    }
+    if (i == start)
+        return HTTP_BAD;
+    req->target = buf + start;
+    req->target_len = i - start;
+    i++;
+    for (size_t k = 0; k < sizeof version - 1; k++, i++) {
+        if (i == len)
+            return HTTP_PARTIAL;
+        if (buf[i] != version[k])
+            return HTTP_BAD;
+    }
+    if (i == len)
+        return HTTP_PARTIAL;
+    if (buf[i] < '0' || buf[i] > '9')
+        return HTTP_BAD;
+    req->minor = buf[i++] - '0';
+    if ((rc = parse_eol(buf, len, &i)) != 0)
+        return rc;
+    /* header fields until the empty line */
+    for (;;) {
+        if (i == len)
+            return HTTP_PARTIAL;
+        if (buf[i] == '\r' || buf[i] == '\n') {
+            if ((rc = parse_eol(buf, len, &i)) != 0)
+                return rc;
+            return (int)i;
+        }
+        for (start = i;; i++) {
+            if (i == len)
+                return HTTP_PARTIAL;
+            if (buf[i] == ':')
+                break;
+            if (!is_tchar((unsigned char)buf[i]))
+                return HTTP_BAD; /* also rejects obsolete line folding */
+        }
+        if (i == start)
+            return HTTP_BAD;
+        size_t name = start, name_len = i - start;
+        for (i++;; i++) {
+            if (i == len)
+                return HTTP_PARTIAL;
+            if (buf[i] != ' ' && buf[i] != '\t')
+                break;
+        }
+        for (start = i;; i++) {
+            if (i == len)
+                return HTTP_PARTIAL;
+            unsigned char c = (unsigned char)buf[i];
+            if (c == '\r' || c == '\n')
+                break;
+            if ((c < 0x20 && c != '\t') || c == 0x7f)
+                return HTTP_BAD;
+        }
+        size_t end = i;
+        while (end > start && (buf[end - 1] == ' ' || buf[end - 1] == '\t'))
+            end--;
+        if ((rc = parse_eol(buf, len, &i)) != 0)
+            return rc;
+        if (req->n_headers == HTTP_MAX_HEADERS)
+            return HTTP_TOO_MANY;
+        struct http_header *h = &req->headers[req->n_headers++];
+        h->name = buf + name;
+        h->name_len = name_len;
+        h->value = buf + start;
+        h->value_len = end - start;
+    }
+}
+
+const struct http_header *http_header(const struct http_request *req, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < req->n_headers; i++)
+        if (req->headers[i].name_len == n && strncasecmp(req->headers[i].name, name, n) == 0)
+            return &req->headers[i];
+    return NULL;
+}
+
+int http_parse_size(const char *s, size_t *out)
+{
+    uint64_t v = 0;
+    size_t i = 0;
+    if (!s[0])
+        return -1;
+    for (; s[i] >= '0' && s[i] <= '9'; i++) {
+        v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > (1u << 30))
+            return -1;
+    }
+    if (i == 0)
+        return -1;
+    if (s[i] == 'K' || s[i] == 'k')
+        v <<= 10, i++;
+    else if (s[i] == 'M' || s[i] == 'm')
+        v <<= 20, i++;
+    if (s[i] || v > (1u << 30))
+        return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+/* A header value equal to, or a comma-separated list containing, word
+ * (case-insensitive): "Connection: keep-alive, Upgrade". */
+static int header_has(const struct http_request *req, const char *name, const char *word)
+{
+    size_t wn = strlen(word);
+    for (int i = 0; i < req->n_headers; i++) {
+        const struct http_header *h = &req->headers[i];
+        if (h->name_len != strlen(name) || strncasecmp(h->name, name, h->name_len) != 0)
+            continue;
+        const char *p = h->value, *end = h->value + h->value_len;
+        while (p < end) {
+            while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+                p++;
+            const char *q = p;
+            while (q < end && *q != ',')
+                q++;
+            const char *e = q;
+            while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+                e--;
+            if ((size_t)(e - p) == wn && strncasecmp(p, word, wn) == 0)
+                return 1;
+            p = q;
+        }
+    }
+    return 0;
+}
+
+/* ==== small helpers ==== */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t x;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x)
+        x = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid() ^ (uint64_t)(now_s() * 1e9);
+    return x;
+}
+
+/* A JSON number; JSON has no infinities or NaN, so those become null. */
+static void put_num(FILE *f, double v, const char *fmt)
+{
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
+static void put_cstr(FILE *f, const char *s)
+{
+    json_put_str(f, s, strlen(s));
+}
+
+static int utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i], need, lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c >= 0xE0 && c <= 0xEF)
+            need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        else if (c >= 0xF0 && c <= 0xF4)
+            need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        else
+            return 0;
+        if (i + need >= n)
+            return 0;
+        if (u[i + 1] < lo || u[i + 1] > hi)
+            return 0;
+        for (unsigned k = 2; k <= need; k++)
+            if (u[i + k] < 0x80 || u[i + k] > 0xBF)
+                return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* An in-memory text: a FILE from open_memstream. */
+struct obuf {
+    char *p;
+    size_t n;
+    FILE *f;
+};
+
+static int ob_open(struct obuf *o)
+{
+    o->p = NULL;
+    o->n = 0;
+    o->f = open_memstream(&o->p, &o->n);
+    return o->f ? 0 : -1;
+}
+
+/* Closes the stream: p and n hold the text (free p); -1 on a write error. */
+static int ob_close(struct obuf *o)
+{
+    int bad = ferror(o->f);
+    if (fclose(o->f) != 0)
+        bad = 1;
+    o->f = NULL;
+    return bad ? -1 : 0;
+}
+
+/* ==== server state ==== */
+
+struct serve_opts {
+    const char *model, *host, *api_key;
+    int n_ctx, kv, parallel, port, threads, max_conns, timeout_s;
+    size_t max_body;
+    struct sample_params sp;   /* what a request without those fields gets */
+    int have_seed;
+    int max_tokens;            /* -1: until EOG or the context is full */
+};
+
+enum stop_type { ST_NONE, ST_EOS, ST_LIMIT, ST_WORD, ST_CANCEL, ST_ERROR, ST_REFUSED };
+enum job_state { J_QUEUED, J_ACTIVE, J_DONE };
+
+/* One generation request. The connection thread fills the request part and
+ * frees the job after it is J_DONE; the scheduler owns it in between and
+ * never touches it once done. Fields marked (lock) change under srv.lock. */
+struct job {
+    int32_t *prompt;           /* (n_prompt) */
+    int n_prompt;
+    struct sampler *smp;
+    int cap;                   /* tokens at most: n_predict bounded by the context */
+    int want_lp, n_top;        /* log-probability of each token; top entries */
+    int cache_prompt;
+    const char *stop[HTTP_MAX_STOPS + 1];
+    size_t stop_len[HTTP_MAX_STOPS + 1];
+    int n_stop;
+
+    int32_t *ids;              /* (cap) sampled ids, EOG included; entries below n_ids are final */
+    float *lp;                 /* (cap) their log-probabilities (want_lp) */
+    struct sample_top *top;    /* (cap, n_top) */
+    int n_ids;                 /* (lock) */
+    char *text;                /* (lock) generated text; a stop string is cut off */
+    size_t text_len, text_cap; /* (lock) */
+    size_t ready;              /* (lock) bytes of text that can be sent */
+    int state, stop_type;      /* (lock) */
+    int stop_word;             /* (lock) index of the stop string that ended it, or -1 */
+    int cancel;                /* (lock) the client left */
+    char err[256];             /* ST_ERROR / ST_REFUSED message */
+    int slot, n_cached, n_past;
+    double t_start, t_prompt, t_end;
+    pthread_cond_t cv;         /* signalled on each token and when done */
+    struct job *next;          /* (lock) queue link */
+};
+
+struct slot {
+    int id;
+    struct model_ctx *ctx;
+    int32_t *cache;            /* (C) tokens whose KV the context holds */
+    int n_cache;               /* (lock) */
+    float *logits;             /* (V) */
+    struct job *job;           /* NULL when free; only the scheduler assigns */
+};
+
+enum route { R_INDEX, R_HEALTH, R_MODELS, R_COMPLETION, R_V1_COMPLETIONS, R_CHAT, R_TOKENIZE,
+             R_DETOKENIZE, R_METRICS, R_OTHER, R_COUNT };
+
+static const char *const route_label[R_COUNT] = {
+    "/", "/health", "/v1/models", "/completion", "/v1/completions", "/v1/chat/completions",
+    "/tokenize", "/detokenize", "/metrics", "other",
+};
+
+struct metrics {
+    struct { int route, status; uint64_t n; } req[HTTP_METRIC_ROWS];
+    int n_req;
+    uint64_t prompt_tokens, gen_tokens, n_decode, busy_slots, n_tokens_max;
+    double prompt_s, decode_s;
+    double win_pn[HTTP_RATE_WINDOW], win_ps[HTTP_RATE_WINDOW];   /* recent prompts: tokens, seconds */
+    double win_gn[HTTP_RATE_WINDOW], win_gs[HTTP_RATE_WINDOW];   /* recent generations */
+    int win_at;
+};
+
+struct server {
+    struct serve_opts o;
+    char model_name[256];
+    int listen_fd;
+    pthread_mutex_t lock;
+    pthread_cond_t sched_cv;   /* the scheduler waits here for work */
+    pthread_cond_t conn_cv;    /* shutdown waits here for connections to end */
+    int ready;                 /* (lock) the model is loaded */
+    int n_conns;               /* (lock) */
+    struct job *q_head, *q_tail; /* (lock) waiting for a slot */
+    int n_queued, n_active;    /* (lock) */
+    int quit;                  /* (lock) the scheduler ends */
+    int drain_over;            /* (lock) shutdown: cancel what still runs */
+    struct metrics m;          /* (lock) */
+    struct model *model;       /* set before ready; read-only afterwards */
+    const struct tok *tok;
+    int V, n_ctx;
+    struct pool *pool;
+    struct slot *slots;        /* (n_slots) */
+    int n_slots;
+    struct chat_template tmpl;
+    time_t started;
+};
+
+static atomic_int g_stop;      /* set by SIGINT/SIGTERM */
+static int g_sig_pipe[2] = { -1, -1 };
+
+static int stopping(void)
+{
+    return atomic_load(&g_stop) != 0;
+}
+
+/* ==== metrics ==== */
+
+static void metric_request(struct server *s, int route, int status)
+{
+    pthread_mutex_lock(&s->lock);
+    struct metrics *m = &s->m;
+    int i = 0;
+    while (i < m->n_req && !(m->req[i].route == route && m->req[i].status == status))
+        i++;
+    if (i == m->n_req && m->n_req < HTTP_METRIC_ROWS) {
+        m->req[i].route = route;
+        m->req[i].status = status;
+        m->req[i].n = 0;
+        m->n_req++;
+    }
+    if (i < m->n_req)
+        m->req[i].n++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static double window_rate(const double *n, const double *sec)
+{
+    double tn = 0, ts = 0;
+    for (int i = 0; i < HTTP_RATE_WINDOW; i++)
+        tn += n[i], ts += sec[i];
+    return ts > 0 ? tn / ts : 0;
+}
+
+static void put_metric(FILE *f, const char *name, const char *type, const char *help, double v)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void put_metrics(struct server *s, FILE *f)
+{
+    pthread_mutex_lock(&s->lock);
+    struct metrics m = s->m;
+    int processing = s->n_active, queued = s->n_queued;
+    long used = 0, cached = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        if (s->slots[i].job)
+            used += s->slots[i].n_cache;
+        else
+            cached += s->slots[i].n_cache;
+    }
+    pthread_mutex_unlock(&s->lock);
+    double pr = window_rate(m.win_pn, m.win_ps), gr = window_rate(m.win_gn, m.win_gs);
+    fputs("# HELP strata_requests_total HTTP requests answered, by route and status.\n"
+          "# TYPE strata_requests_total counter\n", f);
+    for (int i = 0; i < m.n_req; i++)
+        fprintf(f, "strata_requests_total{route=\"%s\",status=\"%d\"} %" PRIu64 "\n",
+                route_label[m.req[i].route], m.req[i].status, m.req[i].n);
+    put_metric(f, "strata_prompt_tokens_total", "counter", "Prompt tokens evaluated (reused cached prefixes excluded).", (double)m.prompt_tokens);
+    put_metric(f, "strata_generated_tokens_total", "counter", "Tokens generated.", (double)m.gen_tokens);
+    put_metric(f, "strata_prompt_seconds_total", "counter", "Seconds spent evaluating prompts.", m.prompt_s);
+    put_metric(f, "strata_decode_seconds_total", "counter", "Seconds spent generating tokens.", m.decode_s);
+    put_metric(f, "strata_prompt_tokens_per_second", "gauge", "Prompt tokens/s over the last 16 requests.", pr);
+    put_metric(f, "strata_decode_tokens_per_second", "gauge", "Generated tokens/s over the last 16 requests.", gr);
+    put_metric(f, "strata_requests_processing", "gauge", "Requests holding a slot.", processing);
+    put_metric(f, "strata_requests_queued", "gauge", "Requests waiting for a slot.", queued);
+    put_metric(f, "strata_kv_cells_used", "gauge", "KV cells held by running requests.", (double)used);
+    put_metric(f, "strata_kv_cells_cached", "gauge", "KV cells of idle slots kept for prefix reuse.", (double)cached);
+    put_metric(f, "strata_kv_cells_total", "gauge", "KV cells of all slots.", (double)s->n_slots * s->n_ctx);
+    /* the reference server's names (ARCH.md §5) */
+    put_metric(f, "llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", (double)m.prompt_tokens);
+    put_metric(f, "llamacpp:prompt_seconds_total", "counter", "Prompt process time.", m.prompt_s);
+    put_metric(f, "llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", (double)m.gen_tokens);
+    put_metric(f, "llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.", m.decode_s);
+    put_metric(f, "llamacpp:n_decode_total", "counter", "Total number of scheduler steps.", (double)m.n_decode);
+    put_metric(f, "llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", (double)m.n_tokens_max);
+    put_metric(f, "llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", pr);
+    put_metric(f, "llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gr);
+    put_metric(f, "llamacpp:requests_processing", "gauge", "Number of requests processing.", processing);
+    put_metric(f, "llamacpp:requests_deferred", "gauge", "Number of requests deferred.", queued);
+    put_metric(f, "llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per step.",
+               m.n_decode ? (double)m.busy_slots / (double)m.n_decode : 0);
+}
+
+/* ==== the scheduler ==== */
+
+/* Ends a job (lock held): frees its slot, counts it, wakes its connection. */
+static void job_finish(struct server *s, struct slot *sl, struct job *j, int stop_type)
+{
+    j->stop_type = stop_type;
+    j->ready = j->text_len;
+    j->t_end = now_s();
+    if (sl) {
+        sl->job = NULL;
+        s->n_active--;
+        struct metrics *m = &s->m;
+        double ps = j->t_prompt > 0 ? j->t_prompt - j->t_start : 0;
+        double gs = j->t_prompt > 0 ? j->t_end - j->t_prompt : 0;
+        int evaluated = (j->n_past < j->n_prompt ? j->n_past : j->n_prompt) - j->n_cached;
+        if (evaluated < 0)
+            evaluated = 0;
+        m->prompt_tokens += (uint64_t)evaluated;
+        m->gen_tokens += (uint64_t)j->n_ids;
+        m->prompt_s += ps;
+        m->decode_s += gs;
+        if ((uint64_t)(j->n_prompt + j->n_ids) > m->n_tokens_max)
+            m->n_tokens_max = (uint64_t)(j->n_prompt + j->n_ids);
+        m->win_pn[m->win_at] = evaluated;
+        m->win_ps[m->win_at] = ps;
+        m->win_gn[m->win_at] = j->n_ids;
+        m->win_gs[m->win_at] = gs;
+        m->win_at = (m->win_at + 1) % HTTP_RATE_WINDOW;
+    }
+    j->state = J_DONE;
+    pthread_cond_broadcast(&j->cv);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* Gives queued jobs free slots (lock held): the slot whose cache shares the
+ * longest prefix with the prompt, so cache_prompt reuses the most. */
+static void sched_assign(struct server *s)
+{
+    while (s->q_head) {
+        struct job *j = s->q_head;
+        int best = -1, best_k = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            struct slot *sl = &s->slots[i];
+            if (sl->job)
+                continue;
+            int k = j->cache_prompt ? common_prefix(sl->cache, sl->n_cache, j->prompt, j->n_prompt) : 0;
+            if (k > best_k)
+                best = i, best_k = k;
+        }
+        if (best < 0)
+            return;
+        s->q_head = j->next;
+        if (!s->q_head)
+            s->q_tail = NULL;
+        s->n_queued--;
+        s->n_active++;
+        j->state = J_ACTIVE;
+        j->slot = best;
+        s->slots[best].job = j;
+    }
+}
+
+/* Appends the piece of id to the job's text and settles what can be sent
+ * (lock held); returns 1 when a stop string ended the text. */
+static int job_append(struct server *s, struct job *j, int32_t id)
+{
+    size_t avail = j->text_cap - j->text_len;
+    size_t n = tok_piece(s->tok, id, j->text + j->text_len, avail, 0);
+    if (n > avail) {
+        size_t cap = j->text_cap * 2 > j->text_len + n ? j->text_cap * 2 : j->text_len + n;
+        char *p = realloc(j->text, cap + 1);
+        if (!p)
+            return 0;
+        j->text = p;
+        j->text_cap = cap;
+        n = tok_piece(s->tok, id, j->text + j->text_len, cap - j->text_len, 0);
+    }
+    size_t old = j->text_len;
+    j->text_len += n;
+    /* a stop string can only end in the new bytes */
+    size_t best = SIZE_MAX;
+    for (int k = 0; k < j->n_stop; k++) {
+        size_t sl = j->stop_len[k];
+        size_t from = old + 1 > sl ? old + 1 - sl : 0;
+        for (size_t p = from; p + sl <= j->text_len; p++) {
+            if (memcmp(j->text + p, j->stop[k], sl) == 0) {
+                if (p < best) {
+                    best = p;
+                    j->stop_word = k;
+                }
+                break;
+            }
+        }
+    }
+    if (best != SIZE_MAX) {
+        j->text_len = best;
+        j->ready = best;
+        return 1;
+    }
+    /* hold back a character split across tokens and a possible stop string start */
+    size_t ready = tok_utf8_complete(j->text, j->text_len), hold = 0;
+    for (int k = 0; k < j->n_stop; k++) {
+        size_t sl = j->stop_len[k];
+        for (size_t m = sl - 1 < j->text_len ? sl - 1 : j->text_len; m > hold; m--) {
+            if (memcmp(j->text + j->text_len - m, j->stop[k], m) == 0) {
+                hold = m;
+                break;
+            }
+        }
+    }
+    if (j->text_len - hold < ready)
+        ready = j->text_len - hold;
+    if (ready > j->ready)
+        j->ready = ready;
+    return 0;
+}
+
+/* One step of a slot: a chunk of its prompt, or sampling one token and
+ * evaluating it. Runs without the lock, taking it to publish. */
+static void slot_step(struct server *s, struct slot *sl)
+{
+    struct job *j = sl->job;
+    char err[256];
+    if (j->t_prompt == 0) {
+        if (j->t_start == 0) {
+            j->t_start = now_s();
+            int k = j->cache_prompt ? common_prefix(sl->cache, sl->n_cache, j->prompt, j->n_prompt) : 0;
+            if (k == j->n_prompt)
+                k--; /* the last prompt token is evaluated again for its logits */
+            j->n_cached = k;
+            j->n_past = k;
+        }
+        int n = j->n_prompt - j->n_past;
+        if (n > HTTP_PROMPT_CHUNK)
+            n = HTTP_PROMPT_CHUNK;
+        int last = j->n_past + n == j->n_prompt;
+        int rc = model_eval(sl->ctx, j->prompt + j->n_past, n, j->n_past, last ? sl->logits : NULL, 0,
+                            err, sizeof err);
+        pthread_mutex_lock(&s->lock);
+        if (rc != 0) {
+            sl->n_cache = 0;
+            snprintf(j->err, sizeof j->err, "%s", err);
+            job_finish(s, sl, j, ST_ERROR);
+        } else {
+            memcpy(sl->cache + j->n_past, j->prompt + j->n_past, (size_t)n * sizeof *sl->cache);
+            j->n_past += n;
+            sl->n_cache = j->n_past;
+            if (last) {
+                j->t_prompt = now_s();
+                if (j->cap == 0)
+                    job_finish(s, sl, j, ST_LIMIT);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    int32_t id = sample_next(j->smp, sl->logits);
+    if (j->want_lp)
+        j->lp[j->n_ids] = sample_logprob(sl->logits, s->V, id, j->top + (size_t)j->n_ids * (size_t)j->n_top, j->n_top);
+    j->ids[j->n_ids] = id;
+    sample_accept(j->smp, id);
+    pthread_mutex_lock(&s->lock);
+    j->n_ids++;
+    int done = 1;
+    if (tok_is_eog(s->tok, id))
+        job_finish(s, sl, j, ST_EOS);
+    else if (job_append(s, j, id))
+        job_finish(s, sl, j, ST_WORD);
+    else if (j->n_ids >= j->cap)
+        job_finish(s, sl, j, ST_LIMIT);
+    else
+        done = 0;
+    if (!done)
+        pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&s->lock);
+    if (done)
+        return;
+    int rc = model_eval(sl->ctx, &id, 1, j->n_past, sl->logits, 0, err, sizeof err);
+    pthread_mutex_lock(&s->lock);
+    if (rc != 0) {
+        sl->n_cache = 0;
+        snprintf(j->err, sizeof j->err, "%s", err);
+        job_finish(s, sl, j, ST_ERROR);
+    } else {
+        sl->cache[j->n_past++] = id;
+        sl->n_cache = j->n_past;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * The scheduler: each step gives every active slot one step, round-robin.
+ * A new request joins at the next step, a finished one leaves at once.
+ * Slots are evaluated one after the other, each with its own context and
+ * the shared thread pool: model.c has no multi-sequence evaluation yet, so
+ * N active slots cost N single-token forward passes per step (no batching
+ * across slots).
+ */
+static void *sched_main(void *arg)
+{
+    struct server *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        if (stopping()) {
+            /* shutdown: queued requests are refused; running ones go on until drain_over */
+            while (s->q_head) {
+                struct job *j = s->q_head;
+                s->q_head = j->next;
+                s->n_queued--;
+                snprintf(j->err, sizeof j->err, "the server is shutting down");
+                job_finish(s, NULL, j, ST_REFUSED);
+            }
+            s->q_tail = NULL;
+        }
+        sched_assign(s);
+        if (s->quit)
+            break;
+        int busy = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            struct slot *sl = &s->slots[i];
+            if (sl->job && (sl->job->cancel || s->drain_over))
+                job_finish(s, sl, sl->job, ST_CANCEL);
+            busy += sl->job != NULL;
+        }
+        if (busy == 0) {
+            pthread_cond_wait(&s->sched_cv, &s->lock);
+            continue;
+        }
+        s->m.n_decode++;
+        s->m.busy_slots += (uint64_t)busy;
+        pthread_mutex_unlock(&s->lock);
+        for (int i = 0; i < s->n_slots; i++)
+            if (s->slots[i].job)
+                slot_step(s, &s->slots[i]);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* ==== connections and responses ==== */
+
+struct conn {
+    struct server *s;
+    int fd;
+    size_t n;                  /* bytes in head not yet consumed */
+    char head[HTTP_HEAD_MAX];  /* request line + headers (and what followed them) */
+};
+
+/* One request being answered. */
+struct req {
+    struct server *s;
+    struct conn *c;
+    const struct http_request *h;
+    const char *path;
+    size_t path_len;
+    const char *body;
+    size_t body_len;
+    int route;
+    int keep_alive;
+    int head_only;             /* HEAD: headers without the body */
+    int chunked;               /* a stream may use chunked encoding (HTTP/1.1) */
+};
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    }
+    return "Unknown";
+}
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 500: return "server_error";
+    case 501: return "not_supported_error";
+    case 503: return "unavailable_error";
+    }
+    return "invalid_request_error";
+}
+
+/* Status line and headers, then the body, in one writev; counts the request. */
+static int respond(struct req *r, int status, const char *ctype, const char *body, size_t n,
+                   const char *extra)
+{
+    char head[1024];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 %d %s\r\nServer: strata\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                      "Connection: %s\r\nAccess-Control-Allow-Origin: *\r\n%s\r\n",
+                      status, status_text(status), ctype, n, r->keep_alive ? "keep-alive" : "close",
+                      extra ? extra : "");
+    metric_request(r->s, r->route, status);
+    if (hn < 0 || (size_t)hn >= sizeof head)
+        return -1;
+    struct iovec iov[2] = { { head, (size_t)hn }, { (void *)body, r->head_only ? 0 : n } };
+    size_t left = (size_t)hn + iov[1].iov_len;
+    int at = 0;
+    while (left > 0) {
+        struct msghdr msg = { .msg_iov = iov + at, .msg_iovlen = (size_t)(2 - at) };
+        ssize_t w = sendmsg(r->c->fd, &msg, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        left -= (size_t)w;
+        while (at < 2 && (size_t)w >= iov[at].iov_len) {
+            w -= (ssize_t)iov[at].iov_len;
+            iov[at].iov_len = 0;
+            at++;
+        }
+        if (at < 2) {
+            iov[at].iov_base = (char *)iov[at].iov_base + w;
+            iov[at].iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+static void put_error(FILE *f, int status, const char *type, const char *msg)
+{
+    fprintf(f, "{\"error\":{\"code\":%d,\"message\":", status);
+    put_cstr(f, msg);
+    fputs(",\"type\":", f);
+    put_cstr(f, type);
+    fputs("}}", f);
+}
+
+__attribute__((format(printf, 4, 5)))
+static int reply_error(struct req *r, int status, const char *type, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct obuf o;
+    if (ob_open(&o))
+        return -1;
+    put_error(o.f, status, type ? type : error_type(status), msg);
+    int rc = ob_close(&o);
+    if (rc == 0)
+        rc = respond(r, status, "application/json; charset=utf-8", o.p, o.n,
+                     status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
+    free(o.p);
+    return rc;
+}
+
+static int reply_json(struct req *r, struct obuf *o)
+{
+    if (ob_close(o)) {
+        free(o->p);
+        return reply_error(r, 500, NULL, "out of memory");
+    }
+    int rc = respond(r, 200, "application/json; charset=utf-8", o->p, o->n, NULL);
+    free(o->p);
+    return rc;
+}
+
+/* ==== the chat page ==== */
+
+static const char chat_page[] =
+    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+    "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+    "<title>Strata chat</title>\n<style>\n"
+    "body{font-family:system-ui,sans-serif;max-width:46em;margin:0 auto;padding:1em;background:#fafafa}\n"
+    "#log{min-height:50vh}.msg{white-space:pre-wrap;padding:.5em .8em;margin:.4em 0;border-radius:8px}\n"
+    ".user{background:#dbeafe}.assistant{background:#fff;border:1px solid #ddd}\n"
+    ".think{color:#777;font-style:italic}#stats{color:#555;font-size:.85em;min-height:1.2em}\n"
+    "form{display:flex;gap:.5em}textarea{flex:1;font:inherit;padding:.4em}\n"
+    "</style></head><body>\n<h1>Strata</h1>\n<div id=\"log\"></div>\n<div id=\"stats\"></div>\n"
+    "<form id=\"f\"><textarea id=\"in\" rows=\"3\" placeholder=\"Type a message\"></textarea>"
+    "<button id=\"send\" type=\"submit\">Send</button></form>\n<script>\n"
+    "const log=document.getElementById('log'),stats=document.getElementById('stats');\n"
+    "const input=document.getElementById('in'),send=document.getElementById('send');\n"
+    "const history=[];\n"
+    "function add(role,text){const d=document.createElement('div');d.className='msg '+role;"
+    "d.textContent=text;log.appendChild(d);return d;}\n"
+    "input.addEventListener('keydown',e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();"
+    "document.getElementById('f').requestSubmit();}});\n"
+    "document.getElementById('f').addEventListener('submit',async e=>{\n"
+    " e.preventDefault();const text=input.value.trim();if(!text)return;input.value='';\n"
+    " add('user',text);history.push({role:'user',content:text});\n"
+    " const out=add('assistant','');const think=document.createElement('div');think.className='think';\n"
+    " out.before(think);send.disabled=true;let reply='',n=0,t0=performance.now(),first=0;\n"
+    " try{\n"
+    "  const res=await fetch('v1/chat/completions',{method:'POST',headers:{'Content-Type':'application/json'},\n"
+    "   body:JSON.stringify({messages:history,stream:true})});\n"
+    "  if(!res.ok){out.textContent='error '+res.status+': '+await res.text();return;}\n"
+    "  const rd=res.body.getReader(),dec=new TextDecoder();let buf='';\n"
+    "  for(;;){const {value,done}=await rd.read();if(done)break;buf+=dec.decode(value,{stream:true});\n"
+    "   let i;while((i=buf.indexOf('\\n\\n'))>=0){const ev=buf.slice(0,i);buf=buf.slice(i+2);\n"
+    "    if(!ev.startsWith('data: '))continue;const data=ev.slice(6);if(data==='[DONE]')continue;\n"
+    "    const j=JSON.parse(data);if(j.error){out.textContent+='\\n[error: '+j.error.message+']';continue;}\n"
+    "    const d=j.choices&&j.choices[0]&&j.choices[0].delta;\n"
+    "    if(d&&d.reasoning_content)think.textContent+=d.reasoning_content;\n"
+    "    if(d&&d.content){reply+=d.content;out.textContent=reply;}\n"
+    "    if(d&&(d.content||d.reasoning_content)){n++;if(!first)first=performance.now();}\n"
+    "    const s=(performance.now()-(first||t0))/1000;\n"
+    "    stats.textContent=j.timings?(j.timings.predicted_n+' tokens, '+j.timings.predicted_per_second.toFixed(1)+' tokens/s')"
+    ":(n+' tokens, '+(s>0?(n/s).toFixed(1):'-')+' tokens/s');\n"
+    "   }}\n"
+    "  history.push({role:'assistant',content:reply});\n"
+    " }catch(err){out.textContent+='\\n[error: '+err+']';}\n"
+    " finally{send.disabled=false;input.focus();}\n"
+    "});\n</script></body></html>\n";
+
+/* ==== request bodies: typed fields ==== */
+
+/* The field key of o when present and not null; NULL otherwise. */
+static const struct json *field(const struct json *o, const char *key)
+{
+    const struct json *v = json_get(o, key);
+    return v && v->kind != JSON_NULL ? v : NULL;
+}
+
+/* Field readers: 0 absent (out untouched), 1 read, -1 wrong type or range
+ * with a message in err. */
+static int f_num(const struct json *o, const char *key, double lo, double hi, double *out, char *err, size_t errlen)
+{
+    const struct json *v = field(o, key);
+    if (!v)
+        return 0;
+    if (v->kind != JSON_NUM || v->num < lo || v->num > hi) {
+        snprintf(err, errlen, "'%s' must be a number in [%g, %g]", key, lo, hi);
+        return -1;
+    }
+    *out = v->num;
+    return 1;
+}
+
+static int f_int(const struct json *o, const char *key, double lo, double hi, double *out, char *err, size_t errlen)
+{
+    const struct json *v = field(o, key);
+    if (!v)
+        return 0;
+    if (v->kind != JSON_NUM || v->num != floor(v->num) || v->num < lo || v->num > hi) {
+        snprintf(err, errlen, "'%s' must be an integer in [%.0f, %.0f]", key, lo, hi);
+        return -1;
+    }
+    *out = v->num;
+    return 1;
+}
+
+static int f_bool(const struct json *o, const char *key, int *out, char *err, size_t errlen)
+{
+    const struct json *v = field(o, key);
+    if (!v)
+        return 0;
+    if (v->kind != JSON_BOOL) {
+        snprintf(err, errlen, "'%s' must be true or false", key);
+        return -1;
+    }
+    *out = v->num != 0;
+    return 1;
+}
+
+/* ==== generation requests ==== */
+
+struct gen {
+    int route;
+    int stream, include_usage;
+    int32_t *prompt;           /* (np) malloc'd */
+    int np;
+    struct sample_params sp;
+    int n_predict;             /* -1: the server's default */
+    int want_lp, n_top;
+    int cache_prompt;
+    const char *stop[HTTP_MAX_STOPS + 1];   /* into the request's JSON tree */
+    size_t stop_len[HTTP_MAX_STOPS + 1];
+    int n_stop;
+    int parse_think;           /* chat: split <think> blocks into reasoning_content */
+    char id[40];               /* "chatcmpl-…" / "cmpl-…" */
+    time_t created;
+};
+
+/* The sampling fields every generation route shares. */
+static int parse_sampling(struct server *s, const struct json *b, struct gen *g, char *err, size_t errlen)
+{
+    double v;
+    int rc;
+    g->sp = s->o.sp;
+    if (!s->o.have_seed)
+        g->sp.seed = random_u64();
+    g->n_predict = -1;
+    g->cache_prompt = 1;
+    if ((rc = f_num(b, "temperature", -1e9, 1e9, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.temp = (float)v;
+    if ((rc = f_int(b, "top_k", -1e9, 1e9, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.top_k = (int)v;
+    if ((rc = f_num(b, "top_p", 0, 1, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.top_p = (float)v;
+    if ((rc = f_num(b, "min_p", 0, 1, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.min_p = (float)v;
+    if ((rc = f_num(b, "presence_penalty", -2, 2, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.presence_penalty = (float)v;
+    if ((rc = f_num(b, "frequency_penalty", -2, 2, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.frequency_penalty = (float)v;
+    if ((rc = f_num(b, "repeat_penalty", 0, 1e9, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.repeat_penalty = (float)v;
+    if ((rc = f_int(b, "repeat_last_n", -1, 1 << 24, &v, err, errlen)) < 0)
+        return -1;
+    if (rc)
+        g->sp.repeat_last_n = v < 0 ? s->n_ctx : (int)v;
+    if ((rc = f_int(b, "seed", -1, 18446744073709549568.0, &v, err, errlen)) < 0)
+        return -1;
+    if (rc && v >= 0)
+        g->sp.seed = (uint64_t)v;
+    static const char *const n_names[] = { "n_predict", "max_tokens", "max_completion_tokens" };
+    for (int k = 0; k < 3; k++) {
+        if ((rc = f_int(b, n_names[k], -1, 1 << 30, &v, err, errlen)) < 0)
+            return -1;
+        if (rc)
+            g->n_predict = (int)v;
+    }
+    static const char *const c_names[] = { "n", "n_cmpl" };
+    for (int k = 0; k < 2; k++) {
+        if ((rc = f_int(b, c_names[k], -1e9, 1e9, &v, err, errlen)) < 0)
+            return -1;
+        if (rc && v != 1) {
+            snprintf(err, errlen, "'%s' must be 1: one completion per request is supported", c_names[k]);
+            return -1;
+        }
+    }
+    if (f_bool(b, "stream", &g->stream, err, errlen) < 0 || f_bool(b, "cache_prompt", &g->cache_prompt, err, errlen) < 0)
+        return -1;
+    const struct json *so = field(b, "stream_options");
+    if (so && so->kind != JSON_OBJ) {
+        snprintf(err, errlen, "'stream_options' must be an object");
+        return -1;
+    }
+    if (so && f_bool(so, "include_usage", &g->include_usage, err, errlen) < 0)
+        return -1;
+    const struct json *st = field(b, "stop");
+    if (st) {
+        size_t n = st->kind == JSON_STR ? 1 : st->kind == JSON_ARR ? st->len : 0;
+        if ((st->kind != JSON_STR && st->kind != JSON_ARR) || n > HTTP_MAX_STOPS) {
+            snprintf(err, errlen, "'stop' must be a string or an array of at most %d strings", HTTP_MAX_STOPS);
+            return -1;
+        }
+        for (size_t k = 0; k < n; k++) {
+            const struct json *e = st->kind == JSON_STR ? st : &st->items[k];
+            if (e->kind != JSON_STR || e->len > HTTP_MAX_STOP_LEN) {
+                snprintf(err, errlen, "'stop' entries must be strings of at most %d bytes", HTTP_MAX_STOP_LEN);
+                return -1;
+            }
+            if (e->len == 0)
+                continue;
+            g->stop[g->n_stop] = e->str;
+            g->stop_len[g->n_stop++] = e->len;
+        }
+    }
+    return 0;
+}
+
+/* ids of a string, tokenized as the reference server does (parse_special). */
+static int32_t *tokenize(struct server *s, const char *text, size_t len, int add_special, int *n,
+                         char *err, size_t errlen)
+{
+    return tok_encode(s->tok, text, len, add_special, 1, n, err, errlen);
+}
+
+static int push_ids(int32_t **ids, int *n, int *cap, const int32_t *add, int k)
+{
+    if (*n + k > *cap) {
+        int nc = *cap ? *cap : 64;
+        while (nc < *n + k)
+            nc *= 2;
+        int32_t *p = realloc(*ids, (size_t)nc * sizeof *p);
+        if (!p)
+            return -1;
+        *ids = p;
+        *cap = nc;
+    }
+    memcpy(*ids + *n, add, (size_t)k * sizeof *add);
+    *n += k;
+    return 0;
+}
+
+/* `prompt` of the completion routes: a string, token ids, ids mixed with
+ * strings, or an array holding one of those. */
+static int parse_prompt(struct server *s, const struct json *p, struct gen *g, char *err, size_t errlen)
+{
+    if (!p) {
+        snprintf(err, errlen, "'prompt' is required");
+        return -1;
+    }
+    if (p->kind == JSON_ARR && p->len == 1 && (p->items[0].kind == JSON_STR || p->items[0].kind == JSON_ARR))
+        p = &p->items[0];
+    if (p->kind == JSON_STR) {
+        g->prompt = tokenize(s, p->str, p->len, 1, &g->np, err, errlen);
+        return g->prompt ? 0 : -1;
+    }
+    if (p->kind != JSON_ARR) {
+        snprintf(err, errlen, "'prompt' must be a string or an array of token ids");
+        return -1;
+    }
+    size_t n_str = 0;
+    for (size_t i = 0; i < p->len; i++)
+        n_str += p->items[i].kind == JSON_STR;
+    if (n_str > 1 && n_str == p->len) {
+        snprintf(err, errlen, "several prompts per request are not supported: send one");
+        return -1;
+    }
+    int cap = 0;
+    g->np = 0;
+    for (size_t i = 0; i < p->len; i++) {
+        const struct json *e = &p->items[i];
+        if (e->kind == JSON_NUM) {
+            if (e->num != floor(e->num) || e->num < 0 || e->num >= s->V) {
+                snprintf(err, errlen, "prompt token %zu is not a token id in [0, %d)", i, s->V);
+                return -1;
+            }
+            int32_t id = (int32_t)e->num;
+            if (push_ids(&g->prompt, &g->np, &cap, &id, 1))
+                goto oom;
+        } else if (e->kind == JSON_STR) {
+            int n;
+            int32_t *ids = tokenize(s, e->str, e->len, i == 0, &n, err, errlen);
+            if (!ids)
+                return -1;
+            int rc = push_ids(&g->prompt, &g->np, &cap, ids, n);
+            free(ids);
+            if (rc)
+                goto oom;
+        } else {
+            snprintf(err, errlen, "'prompt' must be a string, token ids, or one prompt in an array "
+                     "(several prompts per request are not supported)");
+            return -1;
+        }
+    }
+    if (!g->prompt && !(g->prompt = malloc(sizeof *g->prompt)))
+        goto oom;
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+/* `messages` of the chat route, rendered with the chat template. */
+static int parse_messages(struct server *s, const struct json *b, struct gen *g, char *err, size_t errlen)
+{
+    const struct json *msgs = field(b, "messages");
+    if (!msgs || msgs->kind != JSON_ARR || msgs->len == 0) {
+        snprintf(err, errlen, "'messages' must be a non-empty array");
+        return -1;
+    }
+    int thinking = 1;
+    const struct json *kw = field(b, "chat_template_kwargs");
+    if (kw && (kw->kind != JSON_OBJ || f_bool(kw, "enable_thinking", &thinking, err, errlen) < 0)) {
+        if (kw->kind != JSON_OBJ)
+            snprintf(err, errlen, "'chat_template_kwargs' must be an object");
+        return -1;
+    }
+    const struct json *effort = field(b, "reasoning_effort");
+    if (effort && effort->kind != JSON_STR) {
+        snprintf(err, errlen, "'reasoning_effort' must be a string");
+        return -1;
+    }
+    if (effort && strcmp(effort->str, "none") == 0)
+        thinking = 0;
+    int n = (int)msgs->len, rc = -1;
+    struct chat_msg *m = calloc((size_t)n, sizeof *m);
+    char **owned = calloc((size_t)n, sizeof *owned);  /* joined text parts */
+    char *text = NULL;
+    if (!m || !owned) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct json *e = &msgs->items[i];
+        const struct json *role = field(e, "role"), *content = field(e, "content");
+        if (e->kind != JSON_OBJ || !role || role->kind != JSON_STR) {
+            snprintf(err, errlen, "messages[%d] must be an object with a 'role' string", i);
+            goto done;
+        }
+        if (strcmp(role->str, "system") == 0 || strcmp(role->str, "developer") == 0)
+            m[i].role = "system";
+        else if (strcmp(role->str, "user") == 0)
+            m[i].role = "user";
+        else if (strcmp(role->str, "assistant") == 0)
+            m[i].role = "assistant";
+        else {
+            snprintf(err, errlen, "messages[%d]: role '%.40s' is not supported (system, user, assistant)", i, role->str);
+            goto done;
+        }
+        m[i].content = "";
+        if (!content)
+            continue;
+        if (content->kind == JSON_STR) {
+            m[i].content = content->str;
+            m[i].len = content->len;
+            continue;
+        }
+        if (content->kind != JSON_ARR) {
+            snprintf(err, errlen, "messages[%d].content must be a string or an array of text parts", i);
+            goto done;
+        }
+        struct obuf o;
+        if (ob_open(&o)) {
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+        int bad = 0;
+        for (size_t k = 0; k < content->len && !bad; k++) {
+            const struct json *part = &content->items[k], *type = field(part, "type"), *t = field(part, "text");
+            if (!type || type->kind != JSON_STR || strcmp(type->str, "text") != 0 || !t || t->kind != JSON_STR)
+                bad = 1;
+            else
+                fwrite(t->str, 1, t->len, o.f);
+        }
+        int rc_ob = ob_close(&o);
+        owned[i] = o.p;
+        if (bad || rc_ob) {
+            snprintf(err, errlen, bad ? "messages[%d].content: only parts {\"type\":\"text\",\"text\":…} are supported"
+                                      : "out of memory", i);
+            goto done;
+        }
+        m[i].content = o.p;
+        m[i].len = o.n;
+    }
+    size_t len;
+    text = chat_render(&s->tmpl, m, n, thinking, &len);
+    if (!text) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    g->prompt = tokenize(s, text, len, 1, &g->np, err, errlen);
+    rc = g->prompt ? 0 : -1;
+done:
+    for (int i = 0; owned && i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(m);
+    free(text);
+    return rc;
+}
+
+/* The route's fields into g; on error an HTTP status with a message in err. */
+static int parse_gen(struct server *s, int route, const struct json *b, struct gen *g, char *err, size_t errlen)
+{
+    double v;
+    int rc;
+    if (parse_sampling(s, b, g, err, errlen))
+        return 400;
+    if (route == R_CHAT) {
+        int lp = 0;
+        if (f_bool(b, "logprobs", &lp, err, errlen) < 0 ||
+            (rc = f_int(b, "top_logprobs", 0, HTTP_MAX_PROBS, &v, err, errlen)) < 0)
+            return 400;
+        if (rc && !lp) {
+            snprintf(err, errlen, "'top_logprobs' needs 'logprobs': true");
+            return 400;
+        }
+        /* the reference server: logprobs alone gives 20 top entries */
+        g->want_lp = lp;
+        g->n_top = lp ? (rc ? (int)v : 20) : 0;
+        if (parse_messages(s, b, g, err, errlen))
+            return 400;
+        g->parse_think = s->tmpl.family == CHAT_CHATML;
+        g->stop[g->n_stop] = chat_end_marker(&s->tmpl);
+        g->stop_len[g->n_stop] = strlen(g->stop[g->n_stop]);
+        g->n_stop++;
+    } else {
+        const char *name = route == R_COMPLETION && field(b, "n_probs") ? "n_probs" : "logprobs";
+        if ((rc = f_int(b, name, 0, 1e9, &v, err, errlen)) < 0)
+            return 400;
+        if (rc && (route == R_V1_COMPLETIONS || v > 0)) {
+            g->want_lp = 1;
+            g->n_top = v < HTTP_MAX_PROBS ? (int)v : HTTP_MAX_PROBS;
+        }
+        if (parse_prompt(s, field(b, "prompt"), g, err, errlen))
+            return 400;
+    }
+    if (g->n_top > s->V)
+        g->n_top = s->V;
+    if (g->np == 0) {
+        snprintf(err, errlen, "the prompt is empty");
+        return 400;
+    }
+    if (g->np >= s->n_ctx) {
+        snprintf(err, errlen, "the request exceeds the available context size: the prompt is %d tokens, "
+                 "the context of a slot holds %d", g->np, s->n_ctx);
+        return -400; /* exceed_context_size_error */
+    }
+    return 0;
+}
+
+/* ==== jobs ==== */
+
+static void job_free(struct job *j)
+{
+    if (!j)
+        return;
+    pthread_cond_destroy(&j->cv);
+    sample_free(j->smp);
+    free(j->ids);
+    free(j->lp);
+    free(j->top);
+    free(j->text);
+    free(j);
+}
+
+/* A job for g (the prompt stays g's); NULL when out of memory. */
+static struct job *job_new(struct server *s, struct gen *g)
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    pthread_cond_init(&j->cv, NULL);
+    j->prompt = g->prompt;
+    j->n_prompt = g->np;
+    int n_predict = g->n_predict >= 0 ? g->n_predict : s->o.max_tokens;
+    /* the last token needs no cell: a full context still yields one more */
+    int room = s->n_ctx - g->np + 1;
+    j->cap = n_predict >= 0 && n_predict < room ? n_predict : room;
+    j->want_lp = g->want_lp;
+    j->n_top = g->n_top;
+    j->cache_prompt = g->cache_prompt;
+    j->n_stop = g->n_stop;
+    memcpy(j->stop, g->stop, sizeof j->stop);
+    memcpy(j->stop_len, g->stop_len, sizeof j->stop_len);
+    j->stop_word = -1;
+    size_t cap = (size_t)(j->cap > 0 ? j->cap : 1);
+    j->smp = sample_new(&g->sp, s->V);
+    j->ids = malloc(cap * sizeof *j->ids);
+    j->lp = malloc(cap * sizeof *j->lp);
+    j->top = malloc(cap * (size_t)(j->n_top > 0 ? j->n_top : 1) * sizeof *j->top);
+    j->text_cap = 256;
+    j->text = malloc(j->text_cap + 1);
+    if (!j->smp || !j->ids || !j->lp || !j->top || !j->text) {
+        job_free(j);
+        return NULL;
+    }
+    for (int i = 0; i < g->np; i++)
+        sample_accept(j->smp, g->prompt[i]);
+    return j;
+}
+
+static int job_submit(struct server *s, struct job *j)
+{
+    pthread_mutex_lock(&s->lock);
+    if (stopping()) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    j->state = J_QUEUED;
+    if (s->q_tail)
+        s->q_tail->next = j;
+    else
+        s->q_head = j;
+    s->q_tail = j;
+    s->n_queued++;
+    pthread_cond_signal(&s->sched_cv);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+/* The peer closed its side (or the socket failed). */
+static int peer_gone(int fd)
+{
+    struct pollfd p = { fd, POLLIN | POLLRDHUP, 0 };
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* Cancels j (lock held): a queued job leaves the queue at once; a running
+ * one is ended by the scheduler at its next step. */
+static void job_cancel(struct server *s, struct job *j)
+{
+    if (j->state == J_QUEUED) {
+        struct job **pp = &s->q_head, *prev = NULL;
+        while (*pp && *pp != j)
+            prev = *pp, pp = &(*pp)->next;
+        if (*pp) {
+            *pp = j->next;
+            if (s->q_tail == j)
+                s->q_tail = prev;
+            s->n_queued--;
+        }
+        job_finish(s, NULL, j, ST_CANCEL);
+    } else if (j->state == J_ACTIVE) {
+        j->cancel = 1;
+        pthread_cond_signal(&s->sched_cv);
+    }
+}
+
+/* Waits (lock held) until j has more than n_ids tokens or ready bytes, or is
+ * done; a client that disconnects meanwhile cancels it. */
+static void job_wait(struct server *s, struct conn *c, struct job *j, int n_ids, size_t ready)
+{
+    while (j->state != J_DONE && j->n_ids == n_ids && j->ready == ready) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += HTTP_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        if (pthread_cond_timedwait(&j->cv, &s->lock, &ts) == ETIMEDOUT && !j->cancel && peer_gone(c->fd))
+            job_cancel(s, j);
+    }
+}
+
+/* Waits for a cancelled job to end, so it can be freed. */
+static void job_abandon(struct server *s, struct job *j)
+{
+    pthread_mutex_lock(&s->lock);
+    if (j->state != J_DONE)
+        job_cancel(s, j);
+    while (j->state != J_DONE)
+        pthread_cond_wait(&j->cv, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ==== generation responses ==== */
+
+static const char *finish_reason(int stop_type)
+{
+    return stop_type == ST_EOS || stop_type == ST_WORD ? "stop" : "length";
+}
+
+static const char *stop_type_name(int stop_type)
+{
+    switch (stop_type) {
+    case ST_EOS: return "eos";
+    case ST_LIMIT: return "limit";
+    case ST_WORD: return "word";
+    }
+    return "none";
+}
+
+/* Tokens whose text is part of the output: all but a final EOG. */
+static int n_output_ids(struct server *s, const struct job *j, int n)
+{
+    return n > 0 && j->state == J_DONE && j->stop_type == ST_EOS && n == j->n_ids &&
+           tok_is_eog(s->tok, j->ids[n - 1]) ? n - 1 : n;
+}
+
+static void put_timings(FILE *f, const struct job *j)
+{
+    int prompt_n = j->t_prompt > 0 ? j->n_prompt - j->n_cached : 0;
+    double pms = j->t_prompt > 0 ? (j->t_prompt - j->t_start) * 1e3 : 0;
+    double gms = j->t_prompt > 0 ? ((j->t_end > 0 ? j->t_end : now_s()) - j->t_prompt) * 1e3 : 0;
+    fprintf(f, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":", j->n_cached, prompt_n);
+    put_num(f, pms, "%.3f");
+    fputs(",\"prompt_per_token_ms\":", f);
+    put_num(f, prompt_n ? pms / prompt_n : 0, "%.3f");
+    fputs(",\"prompt_per_second\":", f);
+    put_num(f, pms > 0 ? prompt_n / (pms / 1e3) : 0, "%.3f");
+    fprintf(f, ",\"predicted_n\":%d,\"predicted_ms\":", j->n_ids);
+    put_num(f, gms, "%.3f");
+    fputs(",\"predicted_per_token_ms\":", f);
+    put_num(f, j->n_ids ? gms / j->n_ids : 0, "%.3f");
+    fputs(",\"predicted_per_second\":", f);
+    put_num(f, gms > 0 ? j->n_ids / (gms / 1e3) : 0, "%.3f");
+    fputc('}', f);
+}
+
+static void put_usage(FILE *f, const struct job *j)
+{
+    fprintf(f, "\"usage\":{\"completion_tokens\":%d,\"prompt_tokens\":%d,\"total_tokens\":%d,"
+            "\"prompt_tokens_details\":{\"cached_tokens\":%d}}", j->n_ids, j->n_prompt,
+            j->n_prompt + j->n_ids, j->n_cached);
+}
+
+/* A token's text (special tokens spelled out) as "token" and "bytes". */
+static void put_token(FILE *f, struct server *s, int32_t id, const char *key)
+{
+    char buf[256];
+    size_t n = tok_piece(s->tok, id, buf, sizeof buf, 1);
+    if (n > sizeof buf)
+        n = sizeof buf;
+    fprintf(f, "\"%s\":", key);
+    json_put_str(f, buf, n);
+    fputs(",\"bytes\":[", f);
+    for (size_t k = 0; k < n; k++)
+        fprintf(f, k ? ",%u" : "%u", (unsigned char)buf[k]);
+    fputc(']', f);
+}
+
+/* llama-server's completion_probabilities entries for tokens [a, b). */
+static void put_probs_native(FILE *f, struct server *s, const struct job *j, int a, int b)
+{
+    for (int i = a; i < b; i++) {
+        fprintf(f, "%s{\"id\":%" PRId32 ",", i > a ? "," : "", j->ids[i]);
+        put_token(f, s, j->ids[i], "token");
+        fputs(",\"logprob\":", f);
+        put_num(f, j->lp[i], "%.9g");
+        fputs(",\"top_logprobs\":[", f);
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
+        for (int k = 0; k < j->n_top; k++) {
+            fprintf(f, "%s{\"id\":%" PRId32 ",", k ? "," : "", t[k].id);
+            put_token(f, s, t[k].id, "token");
+            fputs(",\"logprob\":", f);
+            put_num(f, t[k].logprob, "%.9g");
+            fputc('}', f);
+        }
+        fputs("]}", f);
+    }
+}
+
+/* OpenAI chat logprobs.content entries for tokens [a, b). */
+static void put_probs_chat(FILE *f, struct server *s, const struct job *j, int a, int b)
+{
+    for (int i = a; i < b; i++) {
+        fputs(i > a ? ",{" : "{", f);
+        put_token(f, s, j->ids[i], "token");
+        fputs(",\"logprob\":", f);
+        put_num(f, j->lp[i], "%.9g");
+        fputs(",\"top_logprobs\":[", f);
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
+        for (int k = 0; k < j->n_top; k++) {
+            fputs(k ? ",{" : "{", f);
+            put_token(f, s, t[k].id, "token");
+            fputs(",\"logprob\":", f);
+            put_num(f, t[k].logprob, "%.9g");
+            fputc('}', f);
+        }
+        fputs("]}", f);
+    }
+}
+
+/* OpenAI legacy completions logprobs for tokens [a, b); text offsets from off. */
+static void put_probs_legacy(FILE *f, struct server *s, const struct job *j, int a, int b, size_t off)
+{
+    char buf[256];
+    fputs("{\"tokens\":[", f);
+    for (int i = a; i < b; i++) {
+        size_t n = tok_piece(s->tok, j->ids[i], buf, sizeof buf, 1);
+        if (i > a)
+            fputc(',', f);
+        json_put_str(f, buf, n < sizeof buf ? n : sizeof buf);
+    }
+    fputs("],\"token_logprobs\":[", f);
+    for (int i = a; i < b; i++) {
+        if (i > a)
+            fputc(',', f);
+        put_num(f, j->lp[i], "%.9g");
+    }
+    fputs("],\"top_logprobs\":[", f);
+    for (int i = a; i < b; i++) {
+        fputs(i > a ? ",{" : "{", f);
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
+        for (int k = 0; k < j->n_top; k++) {
+            size_t n = tok_piece(s->tok, t[k].id, buf, sizeof buf, 1);
+            if (k)
+                fputc(',', f);
+            json_put_str(f, buf, n < sizeof buf ? n : sizeof buf);
+            fputc(':', f);
+            put_num(f, t[k].logprob, "%.9g");
+        }
+        fputc('}', f);
+    }
+    fputs("],\"text_offset\":[", f);
+    for (int i = a; i < b; i++) {
+        fprintf(f, i > a ? ",%zu" : "%zu", off);
+        off += tok_piece(s->tok, j->ids[i], buf, sizeof buf, 0);
+    }
+    fputs("]}", f);
+}
+
+static void put_head_v1(FILE *f, struct server *s, const struct gen *g, const char *object)
+{
+    fputs("{\"id\":", f);
+    put_cstr(f, g->id);
+    fprintf(f, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object, (long long)g->created);
+    put_cstr(f, s->model_name);
+    fputs(",\"system_fingerprint\":\"strata\"", f);
+}
+
+/* The native /completion object; final: the stop fields and timings. */
+static void put_native(FILE *f, struct server *s, const struct gen *g, const struct job *j,
+                       const char *content, size_t clen, int a, int b, int final)
+{
+    fputs("{\"index\":0,\"content\":", f);
+    json_put_str(f, content, clen);
+    fputs(",\"tokens\":[", f);
+    for (int i = a; i < b; i++)
+        fprintf(f, i > a ? ",%" PRId32 : "%" PRId32, j->ids[i]);
+    fprintf(f, "],\"id_slot\":%d,\"stop\":%s,\"model\":", j->slot, final ? "true" : "false");
+    put_cstr(f, s->model_name);
+    fprintf(f, ",\"tokens_predicted\":%d,\"tokens_evaluated\":%d", j->n_ids, j->n_prompt);
+    if (g->want_lp && b > a) {
+        fputs(",\"completion_probabilities\":[", f);
+        put_probs_native(f, s, j, a, b);
+        fputc(']', f);
+    }
+    if (final) {
+        fprintf(f, ",\"generation_settings\":{\"n_predict\":%d,\"temperature\":", g->n_predict);
+        put_num(f, g->sp.temp, "%.9g");
+        fprintf(f, ",\"top_k\":%d,\"top_p\":", g->sp.top_k);
+        put_num(f, g->sp.top_p, "%.9g");
+        fputs(",\"min_p\":", f);
+        put_num(f, g->sp.min_p, "%.9g");
+        fputs(",\"presence_penalty\":", f);
+        put_num(f, g->sp.presence_penalty, "%.9g");
+        fputs(",\"frequency_penalty\":", f);
+        put_num(f, g->sp.frequency_penalty, "%.9g");
+        fputs(",\"repeat_penalty\":", f);
+        put_num(f, g->sp.repeat_penalty, "%.9g");
+        fprintf(f, ",\"repeat_last_n\":%d,\"seed\":%" PRIu64 ",\"n_probs\":%d,\"cache_prompt\":%s,\"stream\":%s}",
+                g->sp.repeat_last_n, g->sp.seed, g->n_top, g->cache_prompt ? "true" : "false",
+                g->stream ? "true" : "false");
+        fputs(",\"prompt\":", f);
+        size_t pn = tok_decode(s->tok, j->prompt, j->n_prompt, NULL, 0, 1);
+        char *pt = malloc(pn + 1);
+        if (pt) {
+            tok_decode(s->tok, j->prompt, j->n_prompt, pt, pn, 1);
+            json_put_str(f, pt, pn);
+            free(pt);
+        } else {
+            fputs("\"\"", f);
+        }
+        fprintf(f, ",\"has_new_line\":%s,\"truncated\":false,\"stop_type\":\"%s\",\"stopping_word\":",
+                memchr(j->text, '\n', j->text_len) ? "true" : "false", stop_type_name(j->stop_type));
+        if (j->stop_type == ST_WORD && j->stop_word >= 0)
+            json_put_str(f, j->stop[j->stop_word], j->stop_len[j->stop_word]);
+        else
+            fputs("\"\"", f);
+        fprintf(f, ",\"tokens_cached\":%d,", j->n_past);
+        put_timings(f, j);
+    }
+    fputc('}', f);
+}
+
+/* The whole response of a finished job (not streaming). */
+static void put_final(FILE *f, struct server *s, const struct gen *g, const struct job *j)
+{
+    int n_out = n_output_ids(s, j, j->n_ids);
+    if (g->route == R_COMPLETION) {
+        put_native(f, s, g, j, j->text, j->text_len, 0, n_out, 1);
+        return;
+    }
+    if (g->route == R_V1_COMPLETIONS) {
+        put_head_v1(f, s, g, "text_completion");
+        fputs(",\"choices\":[{\"text\":", f);
+        json_put_str(f, j->text, j->text_len);
+        fputs(",\"index\":0,\"logprobs\":", f);
+        if (g->want_lp)
+            put_probs_legacy(f, s, j, 0, n_out, 0);
+        else
+            fputs("null", f);
+        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->stop_type));
+    } else {
+        struct chat_split sp = { 0, 0, 0, j->text_len };
+        if (g->parse_think)
+            chat_split(j->text, j->text_len, 1, &sp);
+        put_head_v1(f, s, g, "chat.completion");
+        fputs(",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":", f);
+        json_put_str(f, j->text + sp.c_off, sp.c_len);
+        if (sp.r_len) {
+            fputs(",\"reasoning_content\":", f);
+            json_put_str(f, j->text + sp.r_off, sp.r_len);
+        }
+        fputs("},\"logprobs\":", f);
+        if (g->want_lp) {
+            fputs("{\"content\":[", f);
+            put_probs_chat(f, s, j, 0, n_out);
+            fputs("]}", f);
+        } else {
+            fputs("null", f);
+        }
+        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->stop_type));
+    }
+    put_usage(f, j);
+    fputc(',', f);
+    put_timings(f, j);
+    fputc('}', f);
+}
+
+/* ---- Server-Sent Events ---- */
+
+struct sse {
+    struct req *r;
+    int failed;
+};
+
+/* Sends one event (`data: …` and a blank line), one chunk when chunked. */
+static int sse_send(struct sse *e, const char *data, size_t n)
+{
+    if (e->failed)
+        return -1;
+    char pre[32];
+    int pn = e->r->chunked ? snprintf(pre, sizeof pre, "%zx\r\ndata: ", n + 8) : snprintf(pre, sizeof pre, "data: ");
+    const char *post = e->r->chunked ? "\n\n\r\n" : "\n\n";
+    struct iovec iov[3] = { { pre, (size_t)pn }, { (void *)data, n }, { (void *)post, strlen(post) } };
+    size_t left = iov[0].iov_len + iov[1].iov_len + iov[2].iov_len;
+    int at = 0;
+    while (left > 0) {
+        struct msghdr msg = { .msg_iov = iov + at, .msg_iovlen = (size_t)(3 - at) };
+        ssize_t w = sendmsg(e->r->c->fd, &msg, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            e->failed = 1;
+            return -1;
+        }
+        left -= (size_t)w;
+        while (at < 3 && (size_t)w >= iov[at].iov_len) {
+            w -= (ssize_t)iov[at].iov_len;
+            iov[at].iov_len = 0;
+            at++;
+        }
+        if (at < 3) {
+            iov[at].iov_base = (char *)iov[at].iov_base + w;
+            iov[at].iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+static int sse_send_ob(struct sse *e, struct obuf *o)
+{
+    int rc = ob_close(o) == 0 ? sse_send(e, o->p, o->n) : -1;
+    free(o->p);
+    if (rc)
+        e->failed = 1;
+    return rc;
+}
+
+static int sse_start(struct req *r)
+{
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nServer: strata\r\nContent-Type: text/event-stream\r\n"
+                     "Cache-Control: no-cache\r\nAccess-Control-Allow-Origin: *\r\n%s\r\n",
+                     r->chunked ? (r->keep_alive ? "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n"
+                                                 : "Transfer-Encoding: chunked\r\nConnection: close\r\n")
+                                : "Connection: close\r\n");
+    if (!r->chunked)
+        r->keep_alive = 0;
+    metric_request(r->s, r->route, 200);
+    return send_all(r->c->fd, head, (size_t)n);
+}
+
+static void sse_end(struct sse *e)
+{
+    if (!e->failed && e->r->chunked && send_all(e->r->c->fd, "0\r\n\r\n", 5))
+        e->failed = 1;
+}
+
+/* A chat chunk's start: head and the choices array up to the delta. */
+static void put_chat_chunk_head(FILE *f, struct server *s, const struct gen *g)
+{
+    put_head_v1(f, s, g, "chat.completion.chunk");
+    fputs(",\"choices\":[{\"index\":0,\"delta\":", f);
+}
+
+/* Streams job j to the client as it is generated. */
+static void stream_job(struct req *r, const struct gen *g, struct job *j)
+{
+    struct server *s = r->s;
+    struct sse e = { r, 0 };
+    struct obuf o;
+    char *text = NULL;         /* our copy of the settled text */
+    size_t text_len = 0, sent = 0, r_sent = 0, c_sent = 0;
+    int n_seen = 0, ids_sent = 0, done = 0;
+    if (sse_start(r) || !(text = malloc(1))) {
+        r->keep_alive = 0;
+        job_abandon(s, j);
+        free(text);
+        return;
+    }
+    if (g->route == R_CHAT && ob_open(&o) == 0) {
+        put_chat_chunk_head(o.f, s, g);
+        fputs("{\"role\":\"assistant\",\"content\":null},\"logprobs\":null,\"finish_reason\":null}]}", o.f);
+        sse_send_ob(&e, &o);
+    }
+    while (!done && !e.failed) {
+        pthread_mutex_lock(&s->lock);
+        job_wait(s, r->c, j, n_seen, text_len);
+        done = j->state == J_DONE;
+        n_seen = j->n_ids;
+        if (j->ready > text_len) {
+            char *p = realloc(text, j->ready + 1);
+            if (p) {
+                text = p;
+                memcpy(text + text_len, j->text + text_len, j->ready - text_len);
+                text_len = j->ready;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (done && (j->stop_type == ST_ERROR || j->stop_type == ST_REFUSED)) {
+            if (ob_open(&o) == 0) {
+                put_error(o.f, j->stop_type == ST_ERROR ? 500 : 503, error_type(j->stop_type == ST_ERROR ? 500 : 503), j->err);
+                sse_send_ob(&e, &o);
+            }
+            break;
+        }
+        int n_out = n_output_ids(s, j, n_seen);
+        if (ob_open(&o))
+            break;
+        int any = 0;
+        if (g->route == R_COMPLETION) {
+            any = n_out > ids_sent || text_len > sent;
+            if (any)
+                put_native(o.f, s, g, j, text + sent, text_len - sent, ids_sent, n_out, 0);
+        } else if (g->route == R_V1_COMPLETIONS) {
+            any = n_out > ids_sent || text_len > sent;
+            if (any) {
+                put_head_v1(o.f, s, g, "text_completion");
+                fputs(",\"choices\":[{\"text\":", o.f);
+                json_put_str(o.f, text + sent, text_len - sent);
+                fputs(",\"index\":0,\"logprobs\":", o.f);
+                if (g->want_lp)
+                    put_probs_legacy(o.f, s, j, ids_sent, n_out, sent);
+                else
+                    fputs("null", o.f);
+                fputs(",\"finish_reason\":null}]}", o.f);
+            }
+        } else {
+            struct chat_split sp = { 0, 0, 0, text_len };
+            if (g->parse_think)
+                chat_split(text, text_len, done, &sp);
+            size_t rn = sp.r_len > r_sent ? sp.r_len - r_sent : 0, cn = sp.c_len > c_sent ? sp.c_len - c_sent : 0;
+            any = rn || cn || (g->want_lp && n_out > ids_sent);
+            if (any) {
+                put_chat_chunk_head(o.f, s, g);
+                fputc('{', o.f);
+                if (rn) {
+                    fputs("\"reasoning_content\":", o.f);
+                    json_put_str(o.f, text + sp.r_off + r_sent, rn);
+                }
+                if (cn || !rn) {
+                    fputs(rn ? ",\"content\":" : "\"content\":", o.f);
+                    json_put_str(o.f, text + sp.c_off + c_sent, cn);
+                }
+                fputs("},\"logprobs\":", o.f);
+                if (g->want_lp) {
+                    fputs("{\"content\":[", o.f);
+                    put_probs_chat(o.f, s, j, ids_sent, n_out);
+                    fputs("]}", o.f);
+                } else {
+                    fputs("null", o.f);
+                }
+                fputs(",\"finish_reason\":null}]}", o.f);
+            }
+            r_sent += rn;
+            c_sent += cn;
+        }
+        if (any) {
+            sse_send_ob(&e, &o);
+            ids_sent = n_out;
+            sent = text_len;
+        } else {
+            ob_close(&o);
+            free(o.p);
+        }
+        if (!done || e.failed || ob_open(&o))
+            continue;
+        /* the last events */
+        if (g->route == R_COMPLETION) {
+            put_native(o.f, s, g, j, "", 0, 0, 0, 1);
+            sse_send_ob(&e, &o);
+            break;
+        }
+        if (g->route == R_CHAT)
+            put_chat_chunk_head(o.f, s, g);
+        else {
+            put_head_v1(o.f, s, g, "text_completion");
+            fputs(",\"choices\":[{\"text\":\"\",\"index\":0,\"logprobs\":null", o.f);
+        }
+        fprintf(o.f, "%s\"finish_reason\":\"%s\"}]", g->route == R_CHAT ? "{},\"logprobs\":null," : ",",
+                finish_reason(j->stop_type));
+        if (!g->include_usage) {
+            fputc(',', o.f);
+            put_timings(o.f, j);
+        }
+        fputc('}', o.f);
+        sse_send_ob(&e, &o);
+        if (g->include_usage && ob_open(&o) == 0) {
+            put_head_v1(o.f, s, g, g->route == R_CHAT ? "chat.completion.chunk" : "text_completion");
+            fputs(",\"choices\":[],", o.f);
+            put_usage(o.f, j);
+            fputc(',', o.f);
+            put_timings(o.f, j);
+            fputc('}', o.f);
+            sse_send_ob(&e, &o);
+        }
+        sse_send(&e, "[DONE]", 6);
+    }
+    free(text);
+    if (e.failed) {
+        r->keep_alive = 0;
+        job_abandon(s, j);
+        return;
+    }
+    sse_end(&e);
+    if (e.failed)
+        r->keep_alive = 0;
+}
+
+static void random_id(char *out, size_t cap, const char *prefix)
+{
+    static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
+    uint64_t a = random_u64(), b = random_u64();
+    for (int i = 0; i < 24 && n + 1 < cap; i++) {
+        uint64_t *x = i < 12 ? &a : &b;
+        out[n++] = abc[*x % (sizeof abc - 1)];
+        *x /= sizeof abc - 1;
+    }
+    out[n] = 0;
+}
+
+/* POST /completion, /v1/completions, /v1/chat/completions. */
+static int handle_generate(struct req *r, const struct json *b)
+{
+    struct server *s = r->s;
+    struct gen g;
+    char err[512];
+    memset(&g, 0, sizeof g);
+    g.route = r->route;
+    g.created = time(NULL);
+    random_id(g.id, sizeof g.id, r->route == R_CHAT ? "chatcmpl-" : "cmpl-");
+    int st = parse_gen(s, r->route, b, &g, err, sizeof err);
+    if (st) {
+        free(g.prompt);
+        return reply_error(r, st < 0 ? -st : st, st < 0 ? "exceed_context_size_error" : NULL, "%s", err);
+    }
+    struct job *j = job_new(s, &g);
+    if (!j) {
+        free(g.prompt);
+        return reply_error(r, 500, NULL, "out of memory");
+    }
+    int rc = 0;
+    if (job_submit(s, j)) {
+        rc = reply_error(r, 503, NULL, "the server is shutting down");
+    } else if (g.stream) {
+        stream_job(r, &g, j);
+    } else {
+        pthread_mutex_lock(&s->lock);
+        while (j->state != J_DONE)
+            job_wait(s, r->c, j, j->n_ids, j->ready);
+        pthread_mutex_unlock(&s->lock);
+        struct obuf o;
+        if (j->stop_type == ST_CANCEL && j->cancel) {
+            rc = -1; /* the client left */
+        } else if (j->stop_type == ST_ERROR) {
+            rc = reply_error(r, 500, NULL, "%s", j->err);
+        } else if (j->stop_type == ST_REFUSED) {
+            rc = reply_error(r, 503, NULL, "%s", j->err);
+        } else if (ob_open(&o)) {
+            rc = reply_error(r, 500, NULL, "out of memory");
+        } else {
+            put_final(o.f, s, &g, j);
+            rc = reply_json(r, &o);
+        }
+    }
+    job_free(j);
+    free(g.prompt);
+    return rc;
+}
+
+/* ==== the other routes ==== */
+
+static int handle_tokenize(struct req *r, const struct json *b)
+{
+    struct server *s = r->s;
+    char err[256];
+    int add_special = 0, parse_special = 1, with_pieces = 0, n;
+    const struct json *content = field(b, "content");
+    if (!content || content->kind != JSON_STR)
+        return reply_error(r, 400, NULL, "'content' must be a string");
+    if (f_bool(b, "add_special", &add_special, err, sizeof err) < 0 ||
+        f_bool(b, "parse_special", &parse_special, err, sizeof err) < 0 ||
+        f_bool(b, "with_pieces", &with_pieces, err, sizeof err) < 0)
+        return reply_error(r, 400, NULL, "%s", err);
+    int32_t *ids = tok_encode(s->tok, content->str, content->len, add_special, parse_special, &n, err, sizeof err);
+    if (!ids)
+        return reply_error(r, 400, NULL, "%s", err);
+    struct obuf o;
+    if (ob_open(&o)) {
+        free(ids);
+        return reply_error(r, 500, NULL, "out of memory");
+    }
+    fputs("{\"tokens\":[", o.f);
+    char buf[256];
+    for (int i = 0; i < n; i++) {
+        if (i)
+            fputc(',', o.f);
+        if (!with_pieces) {
+            fprintf(o.f, "%" PRId32, ids[i]);
+            continue;
+        }
+        size_t pn = tok_piece(s->tok, ids[i], buf, sizeof buf, 1);
+        pn = pn < sizeof buf ? pn : sizeof buf;
+        fprintf(o.f, "{\"id\":%" PRId32 ",\"piece\":", ids[i]);
+        if (utf8_valid(buf, pn)) {
+            json_put_str(o.f, buf, pn);
+        } else {
+            fputc('[', o.f);
+            for (size_t k = 0; k < pn; k++)
+                fprintf(o.f, k ? ",%u" : "%u", (unsigned char)buf[k]);
+            fputc(']', o.f);
+        }
+        fputc('}', o.f);
+    }
+    fputs("]}", o.f);
+    free(ids);
+    return reply_json(r, &o);
+}
+
+static int handle_detokenize(struct req *r, const struct json *b)
+{
+    struct server *s = r->s;
+    const struct json *t = field(b, "tokens");
+    if (!t || t->kind != JSON_ARR)
+        return reply_error(r, 400, NULL, "'tokens' must be an array of token ids");
+    struct obuf text;
+    if (ob_open(&text))
+        return reply_error(r, 500, NULL, "out of memory");
+    char buf[256];
+    for (size_t i = 0; i < t->len; i++) {
+        const struct json *e = &t->items[i];
+        if (e->kind != JSON_NUM || e->num != floor(e->num) || e->num < 0 || e->num >= s->V) {
+            ob_close(&text);
+            free(text.p);
+            return reply_error(r, 400, NULL, "tokens[%zu] is not a token id in [0, %d)", i, s->V);
+        }
+        size_t n = tok_piece(s->tok, (int32_t)e->num, buf, sizeof buf, 1);
+        fwrite(buf, 1, n < sizeof buf ? n : sizeof buf, text.f);
+    }
+    if (ob_close(&text)) {
+        free(text.p);
+        return reply_error(r, 500, NULL, "out of memory");
+    }
+    struct obuf o;
+    if (ob_open(&o)) {
+        free(text.p);
+        return reply_error(r, 500, NULL, "out of memory");
+    }
+    fputs("{\"content\":", o.f);
+    json_put_str(o.f, text.p, text.n);
+    fputc('}', o.f);
+    free(text.p);
+    return reply_json(r, &o);
+}
+
+static int handle_models(struct req *r)
+{
+    struct server *s = r->s;
+    const struct gguf *gg = model_gguf(s->model);
+    const struct model_hp *hp = model_hp(s->model);
+    struct gguf_str tm;
+    int vocab_type = gguf_get_str(gg, "tokenizer.ggml.model", &tm) == 0 && tm.len == 4 &&
+                     memcmp(tm.ptr, "gpt2", 4) == 0 ? 2 : 1;
+    uint64_t n_params = 0;
+    for (uint64_t i = 0; i < gg->n_tensors; i++) {
+        uint64_t e = 1;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++)
+            e *= (uint64_t)gg->tensors[i].ne[d];
+        n_params += e;
+    }
+    struct obuf o;
+    if (ob_open(&o))
+        return reply_error(r, 500, NULL, "out of memory");
+    fputs("{\"object\":\"list\",\"data\":[{\"id\":", o.f);
+    put_cstr(o.f, s->model_name);
+    fprintf(o.f, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llamacpp\",\"meta\":{\"vocab_type\":%d,"
+            "\"n_vocab\":%d,\"n_ctx_train\":%d,\"n_embd\":%d,\"n_params\":%" PRIu64 ",\"size\":%zu}}]}",
+            (long long)s->started, vocab_type, hp->n_vocab, hp->n_ctx_train, hp->n_embd, n_params,
+            model_weight_bytes(s->model));
+    return reply_json(r, &o);
+}
+
+/* Compares the Authorization header with "Bearer KEY" in time that depends
+ * only on the key's length. */
+static int authorized(const struct req *r)
+{
+    const char *key = r->s->o.api_key;
+    const struct http_header *h = http_header(r->h, "authorization");
+    if (!h || h->value_len < 7 || strncasecmp(h->value, "bearer ", 7) != 0)
+        return 0;
+    const char *v = h->value + 7;
+    size_t vn = h->value_len - 7, kn = strlen(key);
+    unsigned char diff = vn != kn;
+    for (size_t i = 0; i < kn; i++)
+        diff |= (unsigned char)((i < vn ? v[i] : 0) ^ key[i]);
+    return diff == 0;
+}
+
+static const struct { const char *path; int route, post; } routes[] = {
+    { "/", R_INDEX, 0 },
+    { "/index.html", R_INDEX, 0 },
+    { "/health", R_HEALTH, 0 },
+    { "/v1/health", R_HEALTH, 0 },
+    { "/v1/models", R_MODELS, 0 },
+    { "/models", R_MODELS, 0 },
+    { "/completion", R_COMPLETION, 1 },
+    { "/completions", R_COMPLETION, 1 },
+    { "/v1/completions", R_V1_COMPLETIONS, 1 },
+    { "/v1/chat/completions", R_CHAT, 1 },
+    { "/chat/completions", R_CHAT, 1 },
+    { "/tokenize", R_TOKENIZE, 1 },
+    { "/detokenize", R_DETOKENIZE, 1 },
+    { "/metrics", R_METRICS, 0 },
+};
+
+static int method_is(const struct http_request *h, const char *m)
+{
+    return h->method_len == strlen(m) && memcmp(h->method, m, h->method_len) == 0;
+}
+
+/* Routes one parsed request; returns -1 when the connection must close. */
+static int dispatch(struct req *r)
+{
+    struct server *s = r->s;
+    const struct http_request *h = r->h;
+    int post = -1;
+    r->route = R_OTHER;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (strlen(routes[i].path) == r->path_len && memcmp(routes[i].path, r->path, r->path_len) == 0) {
+            r->route = routes[i].route;
+            post = routes[i].post;
+        }
+    }
+    if (method_is(h, "OPTIONS"))
+        return respond(r, 204, "text/plain", "", 0,
+                       "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                       "Access-Control-Allow-Headers: Authorization, Content-Type\r\n");
+    if (post < 0)
+        return reply_error(r, 404, NULL, "no route %.*s", (int)(r->path_len < 200 ? r->path_len : 200), r->path);
+    r->head_only = method_is(h, "HEAD") && !post;
+    if (!(post ? method_is(h, "POST") : method_is(h, "GET") || r->head_only))
+        return reply_error(r, 405, NULL, "%s expects %s", route_label[r->route], post ? "POST" : "GET");
+    if (s->o.api_key && r->route != R_INDEX && r->route != R_HEALTH && !authorized(r))
+        return reply_error(r, 401, NULL, "invalid or missing API key (Authorization: Bearer KEY)");
+    if (r->route == R_INDEX)
+        return respond(r, 200, "text/html; charset=utf-8", chat_page, sizeof chat_page - 1, NULL);
+    pthread_mutex_lock(&s->lock);
+    int ready = s->ready;
+    pthread_mutex_unlock(&s->lock);
+    if (!ready)
+        return reply_error(r, 503, NULL, "Loading model");
+    if (r->route == R_HEALTH) {
+        static const char ok[] = "{\"status\":\"ok\"}";
+        return respond(r, 200, "application/json; charset=utf-8", ok, sizeof ok - 1, NULL);
+    }
+    if (r->route == R_MODELS)
+        return handle_models(r);
+    if (r->route == R_METRICS) {
+        struct obuf o;
+        if (ob_open(&o))
+            return reply_error(r, 500, NULL, "out of memory");
+        put_metrics(s, o.f);
+        if (ob_close(&o)) {
+            free(o.p);
+            return reply_error(r, 500, NULL, "out of memory");
+        }
+        int rc = respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", o.p, o.n, NULL);
+        free(o.p);
+        return rc;
+    }
+    struct json b;
+    char err[256];
+    if (json_parse(&b, r->body, r->body_len, err, sizeof err) != 0)
+        return reply_error(r, 400, NULL, "invalid JSON body: %s", err);
+    int rc;
+    if (b.kind != JSON_OBJ)
+        rc = reply_error(r, 400, NULL, "the body must be a JSON object");
+    else if (r->route == R_TOKENIZE)
+        rc = handle_tokenize(r, &b);
+    else if (r->route == R_DETOKENIZE)
+        rc = handle_detokenize(r, &b);
+    else
+        rc = handle_generate(r, &b);
+    json_free(&b);
+    return rc;
+}
+
+/* ---- reading requests ---- */
+
+/* A bare response on a connection about to close (limits, malformed input). */
+static void reply_close(struct conn *c, int status, const char *msg)
+{
+    struct http_request h = { 0 };
+    struct req r = { .s = c->s, .c = c, .h = &h, .route = R_OTHER, .keep_alive = 0 };
+    reply_error(&r, status, NULL, "%s", msg);
+}
+
+/* Waits until fd is readable or deadline passes (checking for shutdown);
+ * 1 readable, 0 timed out, -1 shutdown. */
+static int wait_readable(int fd, double deadline, int idle)
+{
+    for (;;) {
+        if (idle && stopping())
+            return -1;
+        double left = deadline - now_s();
+        if (left <= 0)
+            return 0;
+        int ms = left * 1e3 < HTTP_POLL_MS ? (int)(left * 1e3) + 1 : HTTP_POLL_MS;
+        struct pollfd p = { fd, POLLIN, 0 };
+        int rc = poll(&p, 1, ms);
+        if (rc > 0)
+            return 1;
+        if (rc < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Reads and answers one request; returns 1 to keep the connection. */
+static int serve_one(struct conn *c)
+{
+    struct server *s = c->s;
+    struct http_request h;
+    double timeout = s->o.timeout_s, deadline = now_s() + timeout;
+    int rc;
+    /* the request line and headers */
+    for (;;) {
+        rc = c->n ? http_parse_request(c->head, c->n, &h) : HTTP_PARTIAL;
+        if (rc != HTTP_PARTIAL)
+            break;
+        if (c->n == sizeof c->head) {
+            reply_close(c, 431, "the request line and headers exceed 16 KiB");
+            return 0;
+        }
+        int w = wait_readable(c->fd, deadline, c->n == 0);
+        if (w < 0)
+            return 0;
+        if (w == 0) {
+            if (c->n > 0)
+                reply_close(c, 408, "the request did not arrive in time");
+            return 0;
+        }
+        ssize_t got = recv(c->fd, c->head + c->n, sizeof c->head - c->n, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return 0;
+        if (c->n == 0)
+            deadline = now_s() + timeout; /* the whole request has `timeout` from its first byte */
+        c->n += (size_t)got;
+    }
+    if (rc == HTTP_TOO_MANY) {
+        reply_close(c, 431, "too many header fields");
+        return 0;
+    }
+    if (rc < 0) {
+        reply_close(c, 400, "malformed request line or header");
+        return 0;
+    }
+    size_t head_len = (size_t)rc;
+    /* framing of the body */
+    if (http_header(&h, "transfer-encoding")) {
+        reply_close(c, 411, "chunked request bodies are not supported: send Content-Length");
+        return 0;
+    }
+    size_t body_len = 0;
+    int have_len = 0;
+    for (int i = 0; i < h.n_headers; i++) {
+        const struct http_header *hd = &h.headers[i];
+        if (hd->name_len != 14 || strncasecmp(hd->name, "content-length", 14) != 0)
+            continue;
+        uint64_t v = 0;
+        int ok = hd->value_len > 0 && hd->value_len <= 19;
+        for (size_t k = 0; ok && k < hd->value_len; k++) {
+            ok = hd->value[k] >= '0' && hd->value[k] <= '9';
+            v = v * 10 + (uint64_t)(hd->value[k] - '0');
+        }
+        if (!ok || (have_len && v != body_len) || v > SIZE_MAX / 2) {
+            reply_close(c, 400, "invalid Content-Length");
+            return 0;
+        }
+        have_len = 1;
+        body_len = (size_t)v;
+    }
+    if (body_len > s->o.max_body) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the body is %zu bytes; the limit is %zu (--max-body)", body_len, s->o.max_body);
+        reply_close(c, 413, msg);
+        return 0;
+    }
+    struct req r = { .s = s, .c = c, .h = &h, .route = R_OTHER, .chunked = h.minor >= 1 };
+    r.keep_alive = h.minor >= 1 ? !header_has(&h, "connection", "close") : header_has(&h, "connection", "keep-alive");
+    if (stopping())
+        r.keep_alive = 0;
+    r.path = h.target;
+    const char *q = memchr(h.target, '?', h.target_len);
+    r.path_len = q ? (size_t)(q - h.target) : h.target_len;
+    /* the body: one allocation; part of it may already be in head */
+    char *body = malloc(body_len + 1);
+    if (!body) {
+        reply_close(c, 500, "out of memory");
+        return 0;
+    }
+    size_t have = c->n - head_len < body_len ? c->n - head_len : body_len;
+    memcpy(body, c->head + head_len, have);
+    if (have < body_len && header_has(&h, "expect", "100-continue") &&
+        send_all(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25)) {
+        free(body);
+        return 0;
+    }
+    while (have < body_len) {
+        int w = wait_readable(c->fd, deadline, 0);
+        if (w <= 0) {
+            if (w == 0)
+                reply_close(c, 408, "the request body did not arrive in time");
+            free(body);
+            return 0;
+        }
+        ssize_t got = recv(c->fd, body + have, body_len - have, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            free(body);
+            return 0;
+        }
+        have += (size_t)got;
+    }
+    body[body_len] = 0;
+    r.body = body;
+    r.body_len = body_len;
+    rc = dispatch(&r);
+    free(body);
+    /* bytes after this request (a pipelined one) move to the front; the
+     * head's pointers are dead from here on */
+    size_t used = head_len + (c->n - head_len < body_len ? c->n - head_len : body_len);
+    memmove(c->head, c->head + used, c->n - used);
+    c->n -= used;
+    return rc == 0 && r.keep_alive && !stopping();
+}
+
+static void *conn_main(void *arg)
+{
+    struct conn *c = arg;
+    struct server *s = c->s;
+    while (serve_one(c))
+        ;
+    close(c->fd);
+    free(c);
+    pthread_mutex_lock(&s->lock);
+    s->n_conns--;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Answers 503 on a connection beyond --max-conns, without a thread. */
+static void refuse(int fd)
+{
+    static const char body[] =
+        "{\"error\":{\"code\":503,\"message\":\"too many connections\",\"type\":\"unavailable_error\"}}";
+    char msg[512];
+    int n = snprintf(msg, sizeof msg,
+                     "HTTP/1.1 503 Service Unavailable\r\nServer: strata\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s",
+                     sizeof body - 1, body);
+    if (send(fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) > 0)
+        shutdown(fd, SHUT_WR);
+    /* a request already received and left unread would make close() reset
+     * the connection, and the client could lose the 503 */
+    char sink[4096];
+    while (recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0)
+        ;
+    close(fd);
+}
+
+static void *accept_main(void *arg)
+{
+    struct server *s = arg;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, HTTP_THREAD_STACK);
+    while (!stopping()) {
+        struct pollfd p = { s->listen_fd, POLLIN, 0 };
+        if (poll(&p, 1, HTTP_POLL_MS) <= 0)
+            continue;
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        pthread_mutex_lock(&s->lock);
+        int full = s->n_conns >= s->o.max_conns;
+        if (!full)
+            s->n_conns++;
+        pthread_mutex_unlock(&s->lock);
+        if (full) {
+            metric_request(s, R_OTHER, 503);
+            refuse(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct timeval tv = { s->o.timeout_s, 0 };
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        struct conn *c = malloc(sizeof *c);
+        pthread_t t;
+        if (c) {
+            c->s = s;
+            c->fd = fd;
+            c->n = 0;
+        }
+        if (!c || pthread_create(&t, &attr, conn_main, c) != 0) {
+            free(c);
+            close(fd);
+            pthread_mutex_lock(&s->lock);
+            s->n_conns--;
+            pthread_cond_broadcast(&s->conn_cv);
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    pthread_attr_destroy(&attr);
+    close(s->listen_fd);
+    s->listen_fd = -1;
+    return NULL;
+}
+
+/* ==== start-up and shutdown ==== */
+
+static const char serve_usage[] =
+    "usage: strata serve -m MODEL [options]\n"
+    "  -m, --model F       GGUF model file\n"
+    "  -c, --ctx N         context cells per slot (default: the model's, at most 4096)\n"
+    "  --kv f16|f32        KV cache cells (default f16)\n"
+    "  --parallel N        slots: requests generated at once (default 4)\n"
+    "  --host H            address to listen on (default 127.0.0.1)\n"
+    "  --port P            port (default 8080; 0: any free port, printed at start-up)\n"
+    "  --api-key KEY       require Authorization: Bearer KEY\n"
+    "  --max-body N        largest request body, K/M suffixes (default 8M)\n"
+    "  --max-conns N       open connections at most (default 64; 503 beyond)\n"
+    "  --timeout S         idle and slow-client timeout in seconds (default 30)\n"
+    "  -t, --threads N     compute threads (default: the cores)\n"
+    "request defaults: --temp 0.8 --top-p 0.95 --top-k 40 --min-p 0.05 --seed S (random)\n"
+    "  --max-tokens N (-1: until EOG or the context is full)\n";
+
+static int opt_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int opt_fail(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("strata serve: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return -1;
+}
+
+static int opt_int(const char *name, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi)
+        return opt_fail("%s: '%s' is not an integer in [%ld, %ld]", name, v, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int opt_float(const char *name, const char *v, float *out)
+{
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (end == v || *end || errno || !isfinite(x))
+        return opt_fail("%s: '%s' is not a number", name, v);
+    *out = x;
+    return 0;
+}
+
+/* 0 ok, -1 error (printed), 1 help printed */
+static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = HTTP_DEFAULT_PORT;
+    o->parallel = HTTP_DEFAULT_PARALLEL;
+    o->max_conns = HTTP_DEFAULT_MAX_CONNS;
+    o->timeout_s = HTTP_DEFAULT_TIMEOUT_S;
+    o->max_body = HTTP_DEFAULT_MAX_BODY;
+    o->kv = KV_F16;
+    o->max_tokens = -1;
+    o->sp = (struct sample_params){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                                    .repeat_penalty = 1.0f, .repeat_last_n = 64 };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(serve_usage, stdout);
+            return 1;
+        }
+        if (i + 1 >= argc)
+            return opt_fail("option %s needs a value (see strata serve --help)", a);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx"))
+            rc = opt_int(a, v, 1, 1 << 24, &o->n_ctx);
+        else if (!strcmp(a, "--kv")) {
+            if (!strcmp(v, "f16"))
+                o->kv = KV_F16;
+            else if (!strcmp(v, "f32"))
+                o->kv = KV_F32;
+            else
+                rc = opt_fail("--kv: '%s' is not f16 or f32", v);
+        } else if (!strcmp(a, "--parallel") || !strcmp(a, "-np"))
+            rc = opt_int(a, v, 1, 256, &o->parallel);
+        else if (!strcmp(a, "--host"))
+            o->host = v;
+        else if (!strcmp(a, "--port"))
+            rc = opt_int(a, v, 0, 65535, &o->port);
+        else if (!strcmp(a, "--api-key"))
+            o->api_key = v;
+        else if (!strcmp(a, "--max-body")) {
+            if (http_parse_size(v, &o->max_body) || o->max_body == 0)
+                rc = opt_fail("--max-body: '%s' is not a size from 1 to 1G (K/M suffixes)", v);
+        } else if (!strcmp(a, "--max-conns"))
+            rc = opt_int(a, v, 1, 65536, &o->max_conns);
+        else if (!strcmp(a, "--timeout"))
+            rc = opt_int(a, v, 1, 86400, &o->timeout_s);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            rc = opt_int(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--temp"))
+            rc = opt_float(a, v, &o->sp.temp);
+        else if (!strcmp(a, "--top-p"))
+            rc = opt_float(a, v, &o->sp.top_p);
+        else if (!strcmp(a, "--top-k"))
+            rc = opt_int(a, v, -1, 1 << 24, &o->sp.top_k);
+        else if (!strcmp(a, "--min-p"))
+            rc = opt_float(a, v, &o->sp.min_p);
+        else if (!strcmp(a, "--max-tokens") || !strcmp(a, "-n"))
+            rc = opt_int(a, v, -1, 1 << 30, &o->max_tokens);
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            o->sp.seed = strtoull(v, &end, 10);
+            if (end == v || *end || errno || v[0] == '-')
+                rc = opt_fail("--seed: '%s' is not an unsigned integer", v);
+            o->have_seed = 1;
+        } else
+            rc = opt_fail("unknown option '%s' (see strata serve --help)", a);
+        if (rc)
+            return -1;
+    }
+    if (!o->model)
+        return opt_fail("a model is required (-m MODEL)");
+    if (o->threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = nc > 0 ? (int)nc : 1;
+    }
+    return 0;
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    atomic_store(&g_stop, 1);
+    if (g_sig_pipe[1] >= 0 && write(g_sig_pipe[1], "x", 1) < 0) {
+        /* the pipe is full: a stop is already pending */
+    }
+    errno = saved;
+}
+
+static int listen_on(struct server *s)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->o.port);
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *res;
+    int rc = getaddrinfo(s->o.host, port, &hints, &res);
+    if (rc != 0)
+        return opt_fail("cannot resolve %s: %s", s->o.host, gai_strerror(rc));
+    int fd = -1, err = 0;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+            err = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return opt_fail("cannot listen on %s:%d: %s", s->o.host, s->o.port, strerror(err ? err : EADDRNOTAVAIL));
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int p = s->o.port;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof host);
+            p = ntohs(a6->sin6_port);
+        } else {
+            struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a4->sin_addr, host, sizeof host);
+            p = ntohs(a4->sin_port);
+        }
+    }
+    s->listen_fd = fd;
+    fprintf(stderr, "strata serve: listening on http://%s%s%s:%d\n", ss.ss_family == AF_INET6 ? "[" : "", host,
+            ss.ss_family == AF_INET6 ? "]" : "", p);
+    return 0;
+}
+
+/* The model, the template, the pool and the slots. */
+static int load(struct server *s)
+{
+    char err[512];
+    if (model_load(&s->model, s->o.model, err, sizeof err) != 0)
+        return opt_fail("cannot load %s: %s", s->o.model, err);
+    s->tok = model_tok(s->model);
+    if (!s->tok)
+        return opt_fail("%s has no tokenizer", s->o.model);
+    const struct model_hp *hp = model_hp(s->model);
+    s->V = hp->n_vocab;
+    s->n_ctx = s->o.n_ctx ? s->o.n_ctx
+                          : hp->n_ctx_train > 0 && hp->n_ctx_train < HTTP_CTX_CAP ? hp->n_ctx_train : HTTP_CTX_CAP;
+    const char *base = strrchr(s->o.model, '/');
+    snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : s->o.model);
+    struct gguf_str t;
+    int have = gguf_get_str(model_gguf(s->model), "tokenizer.chat_template", &t) == 0;
+    chat_detect(&s->tmpl, have ? t.ptr : NULL, have ? (size_t)t.len : 0);
+    if (!s->tmpl.known)
+        fprintf(stderr, "strata serve: warning: %s chat template; chat prompts use ChatML\n",
+                have ? "unrecognised" : "the model has no");
+    s->pool = pool_new(s->o.threads);
+    s->slots = calloc((size_t)s->o.parallel, sizeof *s->slots);
+    if (!s->pool || !s->slots)
+        return opt_fail("out of memory");
+    for (int i = 0; i < s->o.parallel; i++) {
+        struct slot *sl = &s->slots[i];
+        sl->id = i;
+        if (model_ctx_new(&sl->ctx, s->model, s->n_ctx, s->o.kv, s->pool, err, sizeof err) != 0)
+            return opt_fail("slot %d: %s", i, err);
+        s->n_slots++;
+        sl->cache = malloc((size_t)s->n_ctx * sizeof *sl->cache);
+        sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
+        if (!sl->cache || !sl->logits)
+            return opt_fail("out of memory");
+    }
+    fprintf(stderr, "strata serve: %s, %d slots of %d cells, %d threads, chat template %s%s\n", s->model_name,
+            s->n_slots, s->n_ctx, s->o.threads, chat_family_name(s->tmpl.family),
+            s->tmpl.thinking_switch ? " (thinking switch)" : "");
+    return 0;
+}
+
+static void unload(struct server *s)
+{
+    for (int i = 0; i < s->n_slots; i++) {
+        model_ctx_free(s->slots[i].ctx);
+        free(s->slots[i].cache);
+        free(s->slots[i].logits);
+    }
+    free(s->slots);
+    pool_free(s->pool);
+    model_free(s->model);
+}
+
+/* Waits (lock held) until pred holds or the deadline passes. */
+static void wait_until(struct server *s, pthread_cond_t *cv, double deadline, int (*pred)(struct server *))
+{
+    while (!pred(s) && now_s() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += HTTP_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(cv, &s->lock, &ts);
+    }
+}
+
+static int no_jobs(struct server *s)
+{
+    return s->n_active == 0 && s->n_queued == 0;
+}
+
+static int no_conns(struct server *s)
+{
+    return s->n_conns == 0;
+}
+
+int http_serve_main(int argc, char **argv)
+{
+    static struct server srv;
+    struct server *s = &srv;
+    int rc = parse_serve_opts(argc, argv, &s->o);
+    if (rc)
+        return rc > 0 ? 0 : 1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->sched_cv, NULL);
+    pthread_cond_init(&s->conn_cv, NULL);
+    s->started = time(NULL);
+    if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        opt_fail("pipe: %s", strerror(errno));
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (listen_on(s))
+        return 1;
+    pthread_t acceptor, sched;
+    if (pthread_create(&acceptor, NULL, accept_main, s) != 0) {
+        opt_fail("cannot start a thread");
+        return 1;
+    }
+    /* /health answers 503 while this runs */
+    int loaded = load(s) == 0;
+    int sched_on = loaded && pthread_create(&sched, NULL, sched_main, s) == 0;
+    if (sched_on) {
+        pthread_mutex_lock(&s->lock);
+        s->ready = 1;
+        pthread_mutex_unlock(&s->lock);
+        fprintf(stderr, "strata serve: ready\n");
+        while (!stopping()) {
+            struct pollfd p = { g_sig_pipe[0], POLLIN, 0 };
+            poll(&p, 1, 1000);
+        }
+        fprintf(stderr, "strata serve: stopping: no new connections; finishing running requests\n");
+    } else {
+        atomic_store(&g_stop, 1);
+    }
+    pthread_join(acceptor, NULL);
+    pthread_mutex_lock(&s->lock);
+    int left = 0;
+    if (sched_on) {
+        pthread_cond_broadcast(&s->sched_cv);
+        wait_until(s, &s->conn_cv, now_s() + HTTP_DRAIN_S, no_jobs);
+        s->drain_over = 1;
+        pthread_cond_broadcast(&s->sched_cv);
+    }
+    wait_until(s, &s->conn_cv, now_s() + s->o.timeout_s + 1, no_conns);
+    left = s->n_conns;
+    if (sched_on) {
+        s->quit = 1;
+        pthread_cond_broadcast(&s->sched_cv);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (sched_on)
+        pthread_join(sched, NULL);
+    if (left) {
+        /* a connection still runs: leave the model mapped for it and exit */
+        fprintf(stderr, "strata serve: %d connections did not close\n", left);
+        return loaded ? 0 : 1;
+    }
+    unload(s);
+    if (loaded)
+        fprintf(stderr, "strata serve: stopped\n");
+    return loaded ? 0 : 1;
+}
