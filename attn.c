@@ -279,20 +279,24 @@ static void attn_scores2(const float *q0, const float *q1, const float *kb, int 
 }
 
 /* acc (E) += Σ_{j<n} p[j]·v_j, per element a chain of fmas in cell order;
- * eight vectors of acc stay in registers while the cells stream past. */
+ * eight vectors of acc stay in registers while the cells stream past (the
+ * loops over them unrolled, or the compiler keeps them in memory). */
 static void attn_pv(float *acc, const float *p, const float *vb, int n, int E)
 {
     int e = 0;
     for (; e + 128 <= E; e += 128) {
         v16 a[8];
+        #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
             a[i] = v_load(acc + e + 16 * i);
         for (int j = 0; j < n; j++) {
             v16 pj = v_set1(p[j]);
             const float *v = vb + (size_t)j * E + e;
+            #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 a[i] = v_fma(pj, v_load(v + 16 * i), a[i]);
         }
+        #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
             v_store(acc + e + 16 * i, a[i]);
     }
@@ -313,6 +317,7 @@ static void attn_pv2(float *acc0, float *acc1, const float *p0, const float *p1,
     int n = n0 < n1 ? n0 : n1, e = 0;
     for (; e + 128 <= E; e += 128) {
         v16 a[8], b[8];
+        #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             a[i] = v_load(acc0 + e + 16 * i);
             b[i] = v_load(acc1 + e + 16 * i);
@@ -320,28 +325,28 @@ static void attn_pv2(float *acc0, float *acc1, const float *p0, const float *p1,
         for (int j = 0; j < n; j++) {
             v16 pa = v_set1(p0[j]), pb = v_set1(p1[j]);
             const float *v = vb + (size_t)j * E + e;
+            #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 v16 vv = v_load(v + 16 * i);
                 a[i] = v_fma(pa, vv, a[i]);
                 b[i] = v_fma(pb, vv, b[i]);
             }
         }
+        #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             v_store(acc0 + e + 16 * i, a[i]);
             v_store(acc1 + e + 16 * i, b[i]);
         }
     }
-    if (e < E) {
-        for (int ee = e; ee < E; ee += 16) {
-            v16 a = v_load(acc0 + ee), b = v_load(acc1 + ee);
-            for (int j = 0; j < n; j++) {
-                v16 vv = v_load(vb + (size_t)j * E + ee);
-                a = v_fma(v_set1(p0[j]), vv, a);
-                b = v_fma(v_set1(p1[j]), vv, b);
-            }
-            v_store(acc0 + ee, a);
-            v_store(acc1 + ee, b);
+    for (; e < E; e += 16) {
+        v16 a = v_load(acc0 + e), b = v_load(acc1 + e);
+        for (int j = 0; j < n; j++) {
+            v16 vv = v_load(vb + (size_t)j * E + e);
+            a = v_fma(v_set1(p0[j]), vv, a);
+            b = v_fma(v_set1(p1[j]), vv, b);
         }
+        v_store(acc0 + e, a);
+        v_store(acc1 + e, b);
     }
     /* the longer row's remaining cells, continuing its chains */
     if (n0 != n1) {
@@ -539,6 +544,10 @@ static void attn_walk(const struct attn_ctx *x, struct attn_ws *w, int h, int R,
             cnt[r] = vis < nb ? vis : nb;
         }
         float *kb = w->kb, *vb = x->pass == PASS_SUM ? NULL : w->vb;
+        /* the next block's rows start their way from memory meanwhile */
+        if (b0 + B < e1)
+            kv_prefetch(j->kv, j->seq, j->layer, h, list ? list + b0 + B : NULL, b0 + B,
+                        e1 - b0 - B < B ? e1 - b0 - B : B);
         if (list)
             kv_gather(j->kv, j->seq, j->layer, h, list + b0, nb, kb, vb);
         else

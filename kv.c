@@ -205,7 +205,7 @@ static void kv_q4_decode(const struct kv *kv, const uint8_t *src, float *y, size
     for (size_t b = 0; b < n / Q4_BLCK; b++, src += Q4_BYTES, y += Q4_BLCK) {
         uint16_t dh;
         memcpy(&dh, src, 2);
-        __m512 d = _mm512_set1_ps(quant_f16_to_f32(dh));
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
         __m128i qs = _mm_loadu_si128((const __m128i *)(src + 2));
         __m128i lo = _mm_and_si128(qs, lo_mask), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), lo_mask);
         __m512 flo = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), eight);
@@ -717,6 +717,26 @@ void kv_read(const struct kv *kv, int seq, int layer, int head, int c0, int n, f
         if (v)
             kv_decode(kv, kv->vrow, vb + (size_t)slot * kv->vbytes, v + o, cnt);
         c += cnt;
+    }
+}
+
+void kv_prefetch(const struct kv *kv, int seq, int layer, int head, const int32_t *cells, int c0, int n)
+{
+    const struct kv_seq *s = &kv->seq[seq];
+    int P = kv->P;
+    for (int i = 0; i < n;) {
+        /* a run of consecutive cells in one page: one K span, one V span */
+        int c = cells ? cells[i] : c0 + i, run = 1;
+        while (i + run < n && (cells ? cells[i + run] : c0 + i + run) == c + run && (c + run) % P)
+            run++;
+        const uint8_t *kb = kv_block(kv, s->pt[c / P], layer, head);
+        const uint8_t *k = kb + (size_t)(c % P) * kv->kbytes;
+        const uint8_t *v = kb + (size_t)P * kv->kbytes + (size_t)(c % P) * kv->vbytes;
+        for (size_t o = 0; o < (size_t)run * kv->kbytes; o += 64)
+            __builtin_prefetch(k + o);
+        for (size_t o = 0; o < (size_t)run * kv->vbytes; o += 64)
+            __builtin_prefetch(v + o);
+        i += run;
     }
 }
 

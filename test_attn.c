@@ -686,6 +686,33 @@ static void attn_bench(struct pool *pool)
                    best[1] * 1e3, mb / 1e3 / best[1]);
             kv_free(kv);
         }
+    /* one kv head (MQA, MLA): the heads give one task, only the split feeds both threads */
+    {
+        struct attn *a1;
+        struct kv_config cfg = {1, 1, E, KV_CELL_F16, 0, 1, 32768, 0};
+        struct kv *kv;
+        if (attn_new(&a1, 8, 1, E, 1, pool_size(pool), err, sizeof err) == 0 &&
+            kv_new(&kv, &cfg, err, sizeof err) == 0) {
+            int s = kv_seq_new(kv, err, sizeof err);
+            kv_append(kv, s, NULL, 32768, err, sizeof err);
+            for (int c0 = 0; c0 < 32768; c0 += (int)rows * K)
+                kv_store(kv, s, 0, c0, (int)rows * K, k, k, err, sizeof err);
+            int S = attn_split(32768, 1, pool_size(pool)), splits[2] = {1, S};
+            double best[2] = {1e9, 1e9};
+            for (int rep = 0; rep < 5; rep++)
+                for (int v = 0; v < 2; v++) {
+                    struct attn_job j = {kv, 0, 0, q, out, 1, 32767, 0, 0, splits[v], NULL, NULL};
+                    double t0 = now_s();
+                    for (int it = 0; it < 5; it++)
+                        attn_decode(a1, pool, &j, err, sizeof err);
+                    double dt = (now_s() - t0) / 5;
+                    best[v] = dt < best[v] ? dt : best[v];
+                }
+            printf("     f16   32768 cells, H=8 K=1: S=1 %8.3f ms  S=%d %8.3f ms\n", best[0] * 1e3, S, best[1] * 1e3);
+            kv_free(kv);
+            attn_free(a1);
+        }
+    }
     /* prompt: a chunk of 512 queries after 0 and 3,584 earlier cells */
     float *qp = malloc((size_t)512 * H * E * 4), *op = malloc((size_t)512 * H * E * 4);
     for (size_t i = 0; i < (size_t)512 * H * E; i++)

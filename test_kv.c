@@ -61,10 +61,12 @@ static int check_tagged(const struct kv *kv, int seq, int pos, int n, int tag)
                         bad += k[i * TE + e] != tag_val(tag, c + i, l, h, e, 0) ||
                                v[i * TE + e] != tag_val(tag, c + i, l, h, e, 1);
             }
-    /* the gather path over every third cell, backwards runs included */
+    /* the gather path: every third cell, then runs of neighbours */
     int32_t cells[64];
     int m = 0;
-    for (int c = pos; c < pos + n && m < 64; c += 3)
+    for (int c = pos; c < pos + n && m < 32; c += 3)
+        cells[m++] = c;
+    for (int c = pos; c < pos + n && m < 64; c++)
         cells[m++] = c;
     float *kg = malloc((size_t)m * TE * sizeof *kg), *vg = malloc((size_t)m * TE * sizeof *vg);
     kv_gather(kv, seq, 1, 1, cells, m, kg, vg);
