@@ -3,13 +3,12 @@
  * dialect (ARCH.md §5): the request parser, connections, routes, Server-Sent
  * Events, the slots and their scheduler, /metrics and the chat page.
  *
- * Threads: one per connection (at most --max-conns), one scheduler that runs
- * the slots' decode steps, and the main thread, which loads the model and
- * waits for SIGINT/SIGTERM. The parser never allocates; a request body takes
- * one allocation of its Content-Length. No model numerics here: the scheduler
- * drives model_eval and sample_* through strata.h. Only http_serve_main's
- * start-up and shutdown print (to stderr); every other function returns its
- * errors. V is the vocabulary, C the cells of one slot's context.
+ * Threads: one per connection (at most --max-conns), sched.c's scheduler,
+ * and the main thread, which loads the model and waits for SIGINT/SIGTERM.
+ * The parser never allocates; a request body takes one allocation of its
+ * Content-Length. No model code here: generation goes through sched.c. Only
+ * http_serve_main's start-up and shutdown print (to stderr); every other
+ * function returns its errors. V is the vocabulary.
  */
 #include "strata.h"
 
@@ -44,13 +43,11 @@
 #define HTTP_DEFAULT_MAX_CONNS 64
 #define HTTP_DEFAULT_TIMEOUT_S 30    /* idle connection / whole request */
 #define HTTP_CTX_CAP 4096            /* default context: the model's, at most this */
-#define HTTP_PROMPT_CHUNK 512        /* prompt tokens one slot evaluates per step */
 #define HTTP_MAX_PROBS 100           /* top log-probabilities per token */
-#define HTTP_MAX_STOPS 16            /* stop strings per request */
+#define HTTP_MAX_STOPS (SCHED_MAX_STOPS - 1) /* stop strings per request (one more: the chat end) */
 #define HTTP_MAX_STOP_LEN 512        /* bytes per stop string */
 #define HTTP_POLL_MS 100             /* waiting threads look for disconnects and shutdown this often */
 #define HTTP_DRAIN_S 10              /* on SIGINT/SIGTERM, running requests get this long */
-#define HTTP_RATE_WINDOW 16          /* requests behind the tokens/s gauges */
 #define HTTP_METRIC_ROWS 256         /* distinct (route, status) pairs counted */
 #define HTTP_THREAD_STACK (256u << 10)
 
@@ -335,49 +332,6 @@ struct serve_opts {
     int max_tokens;            /* -1: until EOG or the context is full */
 };
 
-enum stop_type { ST_NONE, ST_EOS, ST_LIMIT, ST_WORD, ST_CANCEL, ST_ERROR, ST_REFUSED };
-enum job_state { J_QUEUED, J_ACTIVE, J_DONE };
-
-/* One generation request. The connection thread fills the request part and
- * frees the job after it is J_DONE; the scheduler owns it in between and
- * never touches it once done. Fields marked (lock) change under srv.lock. */
-struct job {
-    int32_t *prompt;           /* (n_prompt) */
-    int n_prompt;
-    struct sampler *smp;
-    int cap;                   /* tokens at most: n_predict bounded by the context */
-    int want_lp, n_top;        /* log-probability of each token; top entries */
-    int cache_prompt;
-    const char *stop[HTTP_MAX_STOPS + 1];
-    size_t stop_len[HTTP_MAX_STOPS + 1];
-    int n_stop;
-
-    int32_t *ids;              /* (cap) sampled ids, EOG included; entries below n_ids are final */
-    float *lp;                 /* (cap) their log-probabilities (want_lp) */
-    struct sample_top *top;    /* (cap, n_top) */
-    int n_ids;                 /* (lock) */
-    char *text;                /* (lock) generated text; a stop string is cut off */
-    size_t text_len, text_cap; /* (lock) */
-    size_t ready;              /* (lock) bytes of text that can be sent */
-    int state, stop_type;      /* (lock) */
-    int stop_word;             /* (lock) index of the stop string that ended it, or -1 */
-    int cancel;                /* (lock) the client left */
-    char err[256];             /* ST_ERROR / ST_REFUSED message */
-    int slot, n_cached, n_past;
-    double t_start, t_prompt, t_end;
-    pthread_cond_t cv;         /* signalled on each token and when done */
-    struct job *next;          /* (lock) queue link */
-};
-
-struct slot {
-    int id;
-    struct model_ctx *ctx;
-    int32_t *cache;            /* (C) tokens whose KV the context holds */
-    int n_cache;               /* (lock) */
-    float *logits;             /* (V) */
-    struct job *job;           /* NULL when free; only the scheduler assigns */
-};
-
 enum route { R_INDEX, R_HEALTH, R_MODELS, R_COMPLETION, R_V1_COMPLETIONS, R_CHAT, R_TOKENIZE,
              R_DETOKENIZE, R_METRICS, R_OTHER, R_COUNT };
 
@@ -386,14 +340,10 @@ static const char *const route_label[R_COUNT] = {
     "/tokenize", "/detokenize", "/metrics", "other",
 };
 
+/* requests answered, by route and status */
 struct metrics {
     struct { int route, status; uint64_t n; } req[HTTP_METRIC_ROWS];
     int n_req;
-    uint64_t prompt_tokens, gen_tokens, n_decode, busy_slots, n_tokens_max;
-    double prompt_s, decode_s;
-    double win_pn[HTTP_RATE_WINDOW], win_ps[HTTP_RATE_WINDOW];   /* recent prompts: tokens, seconds */
-    double win_gn[HTTP_RATE_WINDOW], win_gs[HTTP_RATE_WINDOW];   /* recent generations */
-    int win_at;
 };
 
 struct server {
@@ -401,21 +351,14 @@ struct server {
     char model_name[256];
     int listen_fd;
     pthread_mutex_t lock;
-    pthread_cond_t sched_cv;   /* the scheduler waits here for work */
     pthread_cond_t conn_cv;    /* shutdown waits here for connections to end */
     int ready;                 /* (lock) the model is loaded */
     int n_conns;               /* (lock) */
-    struct job *q_head, *q_tail; /* (lock) waiting for a slot */
-    int n_queued, n_active;    /* (lock) */
-    int quit;                  /* (lock) the scheduler ends */
-    int drain_over;            /* (lock) shutdown: cancel what still runs */
     struct metrics m;          /* (lock) */
     struct model *model;       /* set before ready; read-only afterwards */
     const struct tok *tok;
     int V, n_ctx;
-    struct pool *pool;
-    struct slot *slots;        /* (n_slots) */
-    int n_slots;
+    struct sched *sched;
     struct chat_template tmpl;
     time_t started;
 };
@@ -448,14 +391,6 @@ static void metric_request(struct server *s, int route, int status)
     pthread_mutex_unlock(&s->lock);
 }
 
-static double window_rate(const double *n, const double *sec)
-{
-    double tn = 0, ts = 0;
-    for (int i = 0; i < HTTP_RATE_WINDOW; i++)
-        tn += n[i], ts += sec[i];
-    return ts > 0 ? tn / ts : 0;
-}
-
 static void put_metric(FILE *f, const char *name, const char *type, const char *help, double v)
 {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
@@ -465,292 +400,40 @@ static void put_metrics(struct server *s, FILE *f)
 {
     pthread_mutex_lock(&s->lock);
     struct metrics m = s->m;
-    int processing = s->n_active, queued = s->n_queued;
-    long used = 0, cached = 0;
-    for (int i = 0; i < s->n_slots; i++) {
-        if (s->slots[i].job)
-            used += s->slots[i].n_cache;
-        else
-            cached += s->slots[i].n_cache;
-    }
     pthread_mutex_unlock(&s->lock);
-    double pr = window_rate(m.win_pn, m.win_ps), gr = window_rate(m.win_gn, m.win_gs);
+    struct sched_stats st;
+    sched_stats(s->sched, &st);
+    double pr = st.prompt_rate, gr = st.gen_rate;
+    int processing = st.processing, queued = st.queued;
     fputs("# HELP strata_requests_total HTTP requests answered, by route and status.\n"
           "# TYPE strata_requests_total counter\n", f);
     for (int i = 0; i < m.n_req; i++)
         fprintf(f, "strata_requests_total{route=\"%s\",status=\"%d\"} %" PRIu64 "\n",
                 route_label[m.req[i].route], m.req[i].status, m.req[i].n);
-    put_metric(f, "strata_prompt_tokens_total", "counter", "Prompt tokens evaluated (reused cached prefixes excluded).", (double)m.prompt_tokens);
-    put_metric(f, "strata_generated_tokens_total", "counter", "Tokens generated.", (double)m.gen_tokens);
-    put_metric(f, "strata_prompt_seconds_total", "counter", "Seconds spent evaluating prompts.", m.prompt_s);
-    put_metric(f, "strata_decode_seconds_total", "counter", "Seconds spent generating tokens.", m.decode_s);
+    put_metric(f, "strata_prompt_tokens_total", "counter", "Prompt tokens evaluated (reused cached prefixes excluded).", (double)st.prompt_tokens);
+    put_metric(f, "strata_generated_tokens_total", "counter", "Tokens generated.", (double)st.gen_tokens);
+    put_metric(f, "strata_prompt_seconds_total", "counter", "Seconds spent evaluating prompts.", st.prompt_s);
+    put_metric(f, "strata_decode_seconds_total", "counter", "Seconds spent generating tokens.", st.decode_s);
     put_metric(f, "strata_prompt_tokens_per_second", "gauge", "Prompt tokens/s over the last 16 requests.", pr);
     put_metric(f, "strata_decode_tokens_per_second", "gauge", "Generated tokens/s over the last 16 requests.", gr);
     put_metric(f, "strata_requests_processing", "gauge", "Requests holding a slot.", processing);
     put_metric(f, "strata_requests_queued", "gauge", "Requests waiting for a slot.", queued);
-    put_metric(f, "strata_kv_cells_used", "gauge", "KV cells held by running requests.", (double)used);
-    put_metric(f, "strata_kv_cells_cached", "gauge", "KV cells of idle slots kept for prefix reuse.", (double)cached);
-    put_metric(f, "strata_kv_cells_total", "gauge", "KV cells of all slots.", (double)s->n_slots * s->n_ctx);
+    put_metric(f, "strata_kv_cells_used", "gauge", "KV cells held by running requests.", (double)st.kv_used);
+    put_metric(f, "strata_kv_cells_cached", "gauge", "KV cells of idle slots kept for prefix reuse.", (double)st.kv_cached);
+    put_metric(f, "strata_kv_cells_total", "gauge", "KV cells of all slots.", (double)st.kv_total);
     /* the reference server's names (ARCH.md §5) */
-    put_metric(f, "llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", (double)m.prompt_tokens);
-    put_metric(f, "llamacpp:prompt_seconds_total", "counter", "Prompt process time.", m.prompt_s);
-    put_metric(f, "llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", (double)m.gen_tokens);
-    put_metric(f, "llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.", m.decode_s);
-    put_metric(f, "llamacpp:n_decode_total", "counter", "Total number of scheduler steps.", (double)m.n_decode);
-    put_metric(f, "llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", (double)m.n_tokens_max);
+    put_metric(f, "llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", (double)st.prompt_tokens);
+    put_metric(f, "llamacpp:prompt_seconds_total", "counter", "Prompt process time.", st.prompt_s);
+    put_metric(f, "llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", (double)st.gen_tokens);
+    put_metric(f, "llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.", st.decode_s);
+    put_metric(f, "llamacpp:n_decode_total", "counter", "Total number of scheduler steps.", (double)st.n_steps);
+    put_metric(f, "llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", (double)st.n_tokens_max);
     put_metric(f, "llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", pr);
     put_metric(f, "llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gr);
     put_metric(f, "llamacpp:requests_processing", "gauge", "Number of requests processing.", processing);
     put_metric(f, "llamacpp:requests_deferred", "gauge", "Number of requests deferred.", queued);
     put_metric(f, "llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per step.",
-               m.n_decode ? (double)m.busy_slots / (double)m.n_decode : 0);
-}
-
-/* ==== the scheduler ==== */
-
-/* Ends a job (lock held): frees its slot, counts it, wakes its connection. */
-static void job_finish(struct server *s, struct slot *sl, struct job *j, int stop_type)
-{
-    j->stop_type = stop_type;
-    j->ready = j->text_len;
-    j->t_end = now_s();
-    if (sl) {
-        sl->job = NULL;
-        s->n_active--;
-        struct metrics *m = &s->m;
-        double ps = j->t_prompt > 0 ? j->t_prompt - j->t_start : 0;
-        double gs = j->t_prompt > 0 ? j->t_end - j->t_prompt : 0;
-        int evaluated = (j->n_past < j->n_prompt ? j->n_past : j->n_prompt) - j->n_cached;
-        if (evaluated < 0)
-            evaluated = 0;
-        m->prompt_tokens += (uint64_t)evaluated;
-        m->gen_tokens += (uint64_t)j->n_ids;
-        m->prompt_s += ps;
-        m->decode_s += gs;
-        if ((uint64_t)(j->n_prompt + j->n_ids) > m->n_tokens_max)
-            m->n_tokens_max = (uint64_t)(j->n_prompt + j->n_ids);
-        m->win_pn[m->win_at] = evaluated;
-        m->win_ps[m->win_at] = ps;
-        m->win_gn[m->win_at] = j->n_ids;
-        m->win_gs[m->win_at] = gs;
-        m->win_at = (m->win_at + 1) % HTTP_RATE_WINDOW;
-    }
-    j->state = J_DONE;
-    pthread_cond_broadcast(&j->cv);
-}
-
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
-{
-    int k = 0;
-    while (k < na && k < nb && a[k] == b[k])
-        k++;
-    return k;
-}
-
-/* Gives queued jobs free slots (lock held): the slot whose cache shares the
- * longest prefix with the prompt, so cache_prompt reuses the most. */
-static void sched_assign(struct server *s)
-{
-    while (s->q_head) {
-        struct job *j = s->q_head;
-        int best = -1, best_k = -1;
-        for (int i = 0; i < s->n_slots; i++) {
-            struct slot *sl = &s->slots[i];
-            if (sl->job)
-                continue;
-            int k = j->cache_prompt ? common_prefix(sl->cache, sl->n_cache, j->prompt, j->n_prompt) : 0;
-            if (k > best_k)
-                best = i, best_k = k;
-        }
-        if (best < 0)
-            return;
-        s->q_head = j->next;
-        if (!s->q_head)
-            s->q_tail = NULL;
-        s->n_queued--;
-        s->n_active++;
-        j->state = J_ACTIVE;
-        j->slot = best;
-        s->slots[best].job = j;
-    }
-}
-
-/* Appends the piece of id to the job's text and settles what can be sent
- * (lock held); returns 1 when a stop string ended the text. */
-static int job_append(struct server *s, struct job *j, int32_t id)
-{
-    size_t avail = j->text_cap - j->text_len;
-    size_t n = tok_piece(s->tok, id, j->text + j->text_len, avail, 0);
-    if (n > avail) {
-        size_t cap = j->text_cap * 2 > j->text_len + n ? j->text_cap * 2 : j->text_len + n;
-        char *p = realloc(j->text, cap + 1);
-        if (!p)
-            return 0;
-        j->text = p;
-        j->text_cap = cap;
-        n = tok_piece(s->tok, id, j->text + j->text_len, cap - j->text_len, 0);
-    }
-    size_t old = j->text_len;
-    j->text_len += n;
-    /* a stop string can only end in the new bytes */
-    size_t best = SIZE_MAX;
-    for (int k = 0; k < j->n_stop; k++) {
-        size_t sl = j->stop_len[k];
-        size_t from = old + 1 > sl ? old + 1 - sl : 0;
-        for (size_t p = from; p + sl <= j->text_len; p++) {
-            if (memcmp(j->text + p, j->stop[k], sl) == 0) {
-                if (p < best) {
-                    best = p;
-                    j->stop_word = k;
-                }
-                break;
-            }
-        }
-    }
-    if (best != SIZE_MAX) {
-        j->text_len = best;
-        j->ready = best;
-        return 1;
-    }
-    /* hold back a character split across tokens and a possible stop string start */
-    size_t ready = tok_utf8_complete(j->text, j->text_len), hold = 0;
-    for (int k = 0; k < j->n_stop; k++) {
-        size_t sl = j->stop_len[k];
-        for (size_t m = sl - 1 < j->text_len ? sl - 1 : j->text_len; m > hold; m--) {
-            if (memcmp(j->text + j->text_len - m, j->stop[k], m) == 0) {
-                hold = m;
-                break;
-            }
-        }
-    }
-    if (j->text_len - hold < ready)
-        ready = j->text_len - hold;
-    if (ready > j->ready)
-        j->ready = ready;
-    return 0;
-}
-
-/* One step of a slot: a chunk of its prompt, or sampling one token and
- * evaluating it. Runs without the lock, taking it to publish. */
-static void slot_step(struct server *s, struct slot *sl)
-{
-    struct job *j = sl->job;
-    char err[256];
-    if (j->t_prompt == 0) {
-        if (j->t_start == 0) {
-            j->t_start = now_s();
-            int k = j->cache_prompt ? common_prefix(sl->cache, sl->n_cache, j->prompt, j->n_prompt) : 0;
-            if (k == j->n_prompt)
-                k--; /* the last prompt token is evaluated again for its logits */
-            j->n_cached = k;
-            j->n_past = k;
-        }
-        int n = j->n_prompt - j->n_past;
-        if (n > HTTP_PROMPT_CHUNK)
-            n = HTTP_PROMPT_CHUNK;
-        int last = j->n_past + n == j->n_prompt;
-        int rc = model_eval(sl->ctx, j->prompt + j->n_past, n, j->n_past, last ? sl->logits : NULL, 0,
-                            err, sizeof err);
-        pthread_mutex_lock(&s->lock);
-        if (rc != 0) {
-            sl->n_cache = 0;
-            snprintf(j->err, sizeof j->err, "%s", err);
-            job_finish(s, sl, j, ST_ERROR);
-        } else {
-            memcpy(sl->cache + j->n_past, j->prompt + j->n_past, (size_t)n * sizeof *sl->cache);
-            j->n_past += n;
-            sl->n_cache = j->n_past;
-            if (last) {
-                j->t_prompt = now_s();
-                if (j->cap == 0)
-                    job_finish(s, sl, j, ST_LIMIT);
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-        return;
-    }
-    int32_t id = sample_next(j->smp, sl->logits);
-    if (j->want_lp)
-        j->lp[j->n_ids] = sample_logprob(sl->logits, s->V, id, j->top + (size_t)j->n_ids * (size_t)j->n_top, j->n_top);
-    j->ids[j->n_ids] = id;
-    sample_accept(j->smp, id);
-    pthread_mutex_lock(&s->lock);
-    j->n_ids++;
-    int done = 1;
-    if (tok_is_eog(s->tok, id))
-        job_finish(s, sl, j, ST_EOS);
-    else if (job_append(s, j, id))
-        job_finish(s, sl, j, ST_WORD);
-    else if (j->n_ids >= j->cap)
-        job_finish(s, sl, j, ST_LIMIT);
-    else
-        done = 0;
-    if (!done)
-        pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&s->lock);
-    if (done)
-        return;
-    int rc = model_eval(sl->ctx, &id, 1, j->n_past, sl->logits, 0, err, sizeof err);
-    pthread_mutex_lock(&s->lock);
-    if (rc != 0) {
-        sl->n_cache = 0;
-        snprintf(j->err, sizeof j->err, "%s", err);
-        job_finish(s, sl, j, ST_ERROR);
-    } else {
-        sl->cache[j->n_past++] = id;
-        sl->n_cache = j->n_past;
-    }
-    pthread_mutex_unlock(&s->lock);
-}
-
-/*
- * The scheduler: each step gives every active slot one step, round-robin.
- * A new request joins at the next step, a finished one leaves at once.
- * Slots are evaluated one after the other, each with its own context and
- * the shared thread pool: model.c has no multi-sequence evaluation yet, so
- * N active slots cost N single-token forward passes per step (no batching
- * across slots).
- */
-static void *sched_main(void *arg)
-{
-    struct server *s = arg;
-    pthread_mutex_lock(&s->lock);
-    for (;;) {
-        if (stopping()) {
-            /* shutdown: queued requests are refused; running ones go on until drain_over */
-            while (s->q_head) {
-                struct job *j = s->q_head;
-                s->q_head = j->next;
-                s->n_queued--;
-                snprintf(j->err, sizeof j->err, "the server is shutting down");
-                job_finish(s, NULL, j, ST_REFUSED);
-            }
-            s->q_tail = NULL;
-        }
-        sched_assign(s);
-        if (s->quit)
-            break;
-        int busy = 0;
-        for (int i = 0; i < s->n_slots; i++) {
-            struct slot *sl = &s->slots[i];
-            if (sl->job && (sl->job->cancel || s->drain_over))
-                job_finish(s, sl, sl->job, ST_CANCEL);
-            busy += sl->job != NULL;
-        }
-        if (busy == 0) {
-            pthread_cond_wait(&s->sched_cv, &s->lock);
-            continue;
-        }
-        s->m.n_decode++;
-        s->m.busy_slots += (uint64_t)busy;
-        pthread_mutex_unlock(&s->lock);
-        for (int i = 0; i < s->n_slots; i++)
-            if (s->slots[i].job)
-                slot_step(s, &s->slots[i]);
-        pthread_mutex_lock(&s->lock);
-    }
-    pthread_mutex_unlock(&s->lock);
-    return NULL;
+               st.n_steps ? (double)st.busy_slot_steps / (double)st.n_steps : 0);
 }
 
 /* ==== connections and responses ==== */
@@ -1344,75 +1027,7 @@ static int parse_gen(struct server *s, int route, const struct json *b, struct g
     return 0;
 }
 
-/* ==== jobs ==== */
-
-static void job_free(struct job *j)
-{
-    if (!j)
-        return;
-    pthread_cond_destroy(&j->cv);
-    sample_free(j->smp);
-    free(j->ids);
-    free(j->lp);
-    free(j->top);
-    free(j->text);
-    free(j);
-}
-
-/* A job for g (the prompt stays g's); NULL when out of memory. */
-static struct job *job_new(struct server *s, struct gen *g)
-{
-    struct job *j = calloc(1, sizeof *j);
-    if (!j)
-        return NULL;
-    pthread_cond_init(&j->cv, NULL);
-    j->prompt = g->prompt;
-    j->n_prompt = g->np;
-    int n_predict = g->n_predict >= 0 ? g->n_predict : s->o.max_tokens;
-    /* the last token needs no cell: a full context still yields one more */
-    int room = s->n_ctx - g->np + 1;
-    j->cap = n_predict >= 0 && n_predict < room ? n_predict : room;
-    j->want_lp = g->want_lp;
-    j->n_top = g->n_top;
-    j->cache_prompt = g->cache_prompt;
-    j->n_stop = g->n_stop;
-    memcpy(j->stop, g->stop, sizeof j->stop);
-    memcpy(j->stop_len, g->stop_len, sizeof j->stop_len);
-    j->stop_word = -1;
-    size_t cap = (size_t)(j->cap > 0 ? j->cap : 1);
-    j->smp = sample_new(&g->sp, s->V);
-    j->ids = malloc(cap * sizeof *j->ids);
-    j->lp = malloc(cap * sizeof *j->lp);
-    j->top = malloc(cap * (size_t)(j->n_top > 0 ? j->n_top : 1) * sizeof *j->top);
-    j->text_cap = 256;
-    j->text = malloc(j->text_cap + 1);
-    if (!j->smp || !j->ids || !j->lp || !j->top || !j->text) {
-        job_free(j);
-        return NULL;
-    }
-    for (int i = 0; i < g->np; i++)
-        sample_accept(j->smp, g->prompt[i]);
-    return j;
-}
-
-static int job_submit(struct server *s, struct job *j)
-{
-    pthread_mutex_lock(&s->lock);
-    if (stopping()) {
-        pthread_mutex_unlock(&s->lock);
-        return -1;
-    }
-    j->state = J_QUEUED;
-    if (s->q_tail)
-        s->q_tail->next = j;
-    else
-        s->q_head = j;
-    s->q_tail = j;
-    s->n_queued++;
-    pthread_cond_signal(&s->sched_cv);
-    pthread_mutex_unlock(&s->lock);
-    return 0;
-}
+/* ==== waiting for a job ==== */
 
 /* The peer closed its side (or the socket failed). */
 static int peer_gone(int fd)
@@ -1423,80 +1038,58 @@ static int peer_gone(int fd)
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* Cancels j (lock held): a queued job leaves the queue at once; a running
- * one is ended by the scheduler at its next step. */
-static void job_cancel(struct server *s, struct job *j)
+/* Waits for progress of j beyond v, or its end; a client that disconnects
+ * meanwhile cancels it. Returns 1 when the client was found gone. */
+static int job_progress(struct server *s, struct conn *c, struct sched_job *j, struct sched_view *v)
 {
-    if (j->state == J_QUEUED) {
-        struct job **pp = &s->q_head, *prev = NULL;
-        while (*pp && *pp != j)
-            prev = *pp, pp = &(*pp)->next;
-        if (*pp) {
-            *pp = j->next;
-            if (s->q_tail == j)
-                s->q_tail = prev;
-            s->n_queued--;
+    struct sched_view old = *v;
+    int gone = 0;
+    for (;;) {
+        sched_wait(s->sched, j, v, HTTP_POLL_MS);
+        if (v->end != SCHED_RUNNING || v->n_ids != old.n_ids || v->ready != old.ready)
+            return gone;
+        if (!gone && peer_gone(c->fd)) {
+            gone = 1;
+            sched_cancel(s->sched, j);
         }
-        job_finish(s, NULL, j, ST_CANCEL);
-    } else if (j->state == J_ACTIVE) {
-        j->cancel = 1;
-        pthread_cond_signal(&s->sched_cv);
     }
 }
 
-/* Waits (lock held) until j has more than n_ids tokens or ready bytes, or is
- * done; a client that disconnects meanwhile cancels it. */
-static void job_wait(struct server *s, struct conn *c, struct job *j, int n_ids, size_t ready)
+/* Cancels j and waits for its end, so it can be freed. */
+static void job_abandon(struct server *s, struct sched_job *j, struct sched_view *v)
 {
-    while (j->state != J_DONE && j->n_ids == n_ids && j->ready == ready) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += HTTP_POLL_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L)
-            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        if (pthread_cond_timedwait(&j->cv, &s->lock, &ts) == ETIMEDOUT && !j->cancel && peer_gone(c->fd))
-            job_cancel(s, j);
-    }
-}
-
-/* Waits for a cancelled job to end, so it can be freed. */
-static void job_abandon(struct server *s, struct job *j)
-{
-    pthread_mutex_lock(&s->lock);
-    if (j->state != J_DONE)
-        job_cancel(s, j);
-    while (j->state != J_DONE)
-        pthread_cond_wait(&j->cv, &s->lock);
-    pthread_mutex_unlock(&s->lock);
+    sched_cancel(s->sched, j);
+    while (v->end == SCHED_RUNNING)
+        sched_wait(s->sched, j, v, HTTP_POLL_MS);
 }
 
 /* ==== generation responses ==== */
 
 static const char *finish_reason(int stop_type)
 {
-    return stop_type == ST_EOS || stop_type == ST_WORD ? "stop" : "length";
+    return stop_type == SCHED_EOS || stop_type == SCHED_WORD ? "stop" : "length";
 }
 
 static const char *stop_type_name(int stop_type)
 {
     switch (stop_type) {
-    case ST_EOS: return "eos";
-    case ST_LIMIT: return "limit";
-    case ST_WORD: return "word";
+    case SCHED_EOS: return "eos";
+    case SCHED_LIMIT: return "limit";
+    case SCHED_WORD: return "word";
     }
     return "none";
 }
 
 /* Tokens whose text is part of the output: all but a final EOG. */
-static int n_output_ids(struct server *s, const struct job *j, int n)
+static int n_output_ids(struct server *s, const struct sched_job *j, const struct sched_view *v)
 {
-    return n > 0 && j->state == J_DONE && j->stop_type == ST_EOS && n == j->n_ids &&
-           tok_is_eog(s->tok, j->ids[n - 1]) ? n - 1 : n;
+    int n = v->n_ids;
+    return n > 0 && v->end == SCHED_EOS && tok_is_eog(s->tok, j->ids[n - 1]) ? n - 1 : n;
 }
 
-static void put_timings(FILE *f, const struct job *j)
+static void put_timings(FILE *f, const struct sched_job *j)
 {
-    int prompt_n = j->t_prompt > 0 ? j->n_prompt - j->n_cached : 0;
+    int prompt_n = j->t_prompt > 0 ? j->req.n_prompt - j->n_cached : 0;
     double pms = j->t_prompt > 0 ? (j->t_prompt - j->t_start) * 1e3 : 0;
     double gms = j->t_prompt > 0 ? ((j->t_end > 0 ? j->t_end : now_s()) - j->t_prompt) * 1e3 : 0;
     fprintf(f, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":", j->n_cached, prompt_n);
@@ -1514,11 +1107,11 @@ static void put_timings(FILE *f, const struct job *j)
     fputc('}', f);
 }
 
-static void put_usage(FILE *f, const struct job *j)
+static void put_usage(FILE *f, const struct sched_job *j)
 {
     fprintf(f, "\"usage\":{\"completion_tokens\":%d,\"prompt_tokens\":%d,\"total_tokens\":%d,"
-            "\"prompt_tokens_details\":{\"cached_tokens\":%d}}", j->n_ids, j->n_prompt,
-            j->n_prompt + j->n_ids, j->n_cached);
+            "\"prompt_tokens_details\":{\"cached_tokens\":%d}}", j->n_ids, j->req.n_prompt,
+            j->req.n_prompt + j->n_ids, j->n_cached);
 }
 
 /* A token's text (special tokens spelled out) as "token" and "bytes". */
@@ -1537,7 +1130,7 @@ static void put_token(FILE *f, struct server *s, int32_t id, const char *key)
 }
 
 /* llama-server's completion_probabilities entries for tokens [a, b). */
-static void put_probs_native(FILE *f, struct server *s, const struct job *j, int a, int b)
+static void put_probs_native(FILE *f, struct server *s, const struct sched_job *j, int a, int b)
 {
     for (int i = a; i < b; i++) {
         fprintf(f, "%s{\"id\":%" PRId32 ",", i > a ? "," : "", j->ids[i]);
@@ -1545,8 +1138,8 @@ static void put_probs_native(FILE *f, struct server *s, const struct job *j, int
         fputs(",\"logprob\":", f);
         put_num(f, j->lp[i], "%.9g");
         fputs(",\"top_logprobs\":[", f);
-        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
-        for (int k = 0; k < j->n_top; k++) {
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->req.n_top;
+        for (int k = 0; k < j->req.n_top; k++) {
             fprintf(f, "%s{\"id\":%" PRId32 ",", k ? "," : "", t[k].id);
             put_token(f, s, t[k].id, "token");
             fputs(",\"logprob\":", f);
@@ -1558,7 +1151,7 @@ static void put_probs_native(FILE *f, struct server *s, const struct job *j, int
 }
 
 /* OpenAI chat logprobs.content entries for tokens [a, b). */
-static void put_probs_chat(FILE *f, struct server *s, const struct job *j, int a, int b)
+static void put_probs_chat(FILE *f, struct server *s, const struct sched_job *j, int a, int b)
 {
     for (int i = a; i < b; i++) {
         fputs(i > a ? ",{" : "{", f);
@@ -1566,8 +1159,8 @@ static void put_probs_chat(FILE *f, struct server *s, const struct job *j, int a
         fputs(",\"logprob\":", f);
         put_num(f, j->lp[i], "%.9g");
         fputs(",\"top_logprobs\":[", f);
-        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
-        for (int k = 0; k < j->n_top; k++) {
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->req.n_top;
+        for (int k = 0; k < j->req.n_top; k++) {
             fputs(k ? ",{" : "{", f);
             put_token(f, s, t[k].id, "token");
             fputs(",\"logprob\":", f);
@@ -1579,7 +1172,7 @@ static void put_probs_chat(FILE *f, struct server *s, const struct job *j, int a
 }
 
 /* OpenAI legacy completions logprobs for tokens [a, b); text offsets from off. */
-static void put_probs_legacy(FILE *f, struct server *s, const struct job *j, int a, int b, size_t off)
+static void put_probs_legacy(FILE *f, struct server *s, const struct sched_job *j, int a, int b, size_t off)
 {
     char buf[256];
     fputs("{\"tokens\":[", f);
@@ -1598,8 +1191,8 @@ static void put_probs_legacy(FILE *f, struct server *s, const struct job *j, int
     fputs("],\"top_logprobs\":[", f);
     for (int i = a; i < b; i++) {
         fputs(i > a ? ",{" : "{", f);
-        const struct sample_top *t = j->top + (size_t)i * (size_t)j->n_top;
-        for (int k = 0; k < j->n_top; k++) {
+        const struct sample_top *t = j->top + (size_t)i * (size_t)j->req.n_top;
+        for (int k = 0; k < j->req.n_top; k++) {
             size_t n = tok_piece(s->tok, t[k].id, buf, sizeof buf, 1);
             if (k)
                 fputc(',', f);
@@ -1626,18 +1219,20 @@ static void put_head_v1(FILE *f, struct server *s, const struct gen *g, const ch
     fputs(",\"system_fingerprint\":\"strata\"", f);
 }
 
-/* The native /completion object; final: the stop fields and timings. */
-static void put_native(FILE *f, struct server *s, const struct gen *g, const struct job *j,
-                       const char *content, size_t clen, int a, int b, int final)
+/* The native /completion object for ids [a, b) and their text; final: the
+ * stop fields and timings. */
+static void put_native(FILE *f, struct server *s, const struct gen *g, const struct sched_job *j,
+                       const struct sched_view *v, const char *content, size_t clen, int a, int b)
 {
+    int final = v->end != SCHED_RUNNING;
     fputs("{\"index\":0,\"content\":", f);
     json_put_str(f, content, clen);
     fputs(",\"tokens\":[", f);
     for (int i = a; i < b; i++)
         fprintf(f, i > a ? ",%" PRId32 : "%" PRId32, j->ids[i]);
-    fprintf(f, "],\"id_slot\":%d,\"stop\":%s,\"model\":", j->slot, final ? "true" : "false");
+    fprintf(f, "],\"id_slot\":%d,\"stop\":%s,\"model\":", v->slot, final ? "true" : "false");
     put_cstr(f, s->model_name);
-    fprintf(f, ",\"tokens_predicted\":%d,\"tokens_evaluated\":%d", j->n_ids, j->n_prompt);
+    fprintf(f, ",\"tokens_predicted\":%d,\"tokens_evaluated\":%d", v->n_ids, j->req.n_prompt);
     if (g->want_lp && b > a) {
         fputs(",\"completion_probabilities\":[", f);
         put_probs_native(f, s, j, a, b);
@@ -1660,19 +1255,19 @@ static void put_native(FILE *f, struct server *s, const struct gen *g, const str
                 g->sp.repeat_last_n, g->sp.seed, g->n_top, g->cache_prompt ? "true" : "false",
                 g->stream ? "true" : "false");
         fputs(",\"prompt\":", f);
-        size_t pn = tok_decode(s->tok, j->prompt, j->n_prompt, NULL, 0, 1);
+        size_t pn = tok_decode(s->tok, j->req.prompt, j->req.n_prompt, NULL, 0, 1);
         char *pt = malloc(pn + 1);
         if (pt) {
-            tok_decode(s->tok, j->prompt, j->n_prompt, pt, pn, 1);
+            tok_decode(s->tok, j->req.prompt, j->req.n_prompt, pt, pn, 1);
             json_put_str(f, pt, pn);
             free(pt);
         } else {
             fputs("\"\"", f);
         }
         fprintf(f, ",\"has_new_line\":%s,\"truncated\":false,\"stop_type\":\"%s\",\"stopping_word\":",
-                memchr(j->text, '\n', j->text_len) ? "true" : "false", stop_type_name(j->stop_type));
-        if (j->stop_type == ST_WORD && j->stop_word >= 0)
-            json_put_str(f, j->stop[j->stop_word], j->stop_len[j->stop_word]);
+                memchr(j->text, '\n', j->text_len) ? "true" : "false", stop_type_name(j->end));
+        if (j->end == SCHED_WORD && j->stop_word >= 0)
+            json_put_str(f, j->req.stop[j->stop_word], j->req.stop_len[j->stop_word]);
         else
             fputs("\"\"", f);
         fprintf(f, ",\"tokens_cached\":%d,", j->n_past);
@@ -1682,11 +1277,12 @@ static void put_native(FILE *f, struct server *s, const struct gen *g, const str
 }
 
 /* The whole response of a finished job (not streaming). */
-static void put_final(FILE *f, struct server *s, const struct gen *g, const struct job *j)
+static void put_final(FILE *f, struct server *s, const struct gen *g, const struct sched_job *j,
+                      const struct sched_view *v)
 {
-    int n_out = n_output_ids(s, j, j->n_ids);
+    int n_out = n_output_ids(s, j, v);
     if (g->route == R_COMPLETION) {
-        put_native(f, s, g, j, j->text, j->text_len, 0, n_out, 1);
+        put_native(f, s, g, j, v, j->text, j->text_len, 0, n_out);
         return;
     }
     if (g->route == R_V1_COMPLETIONS) {
@@ -1698,7 +1294,7 @@ static void put_final(FILE *f, struct server *s, const struct gen *g, const stru
             put_probs_legacy(f, s, j, 0, n_out, 0);
         else
             fputs("null", f);
-        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->stop_type));
+        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->end));
     } else {
         struct chat_split sp = { 0, 0, 0, j->text_len };
         if (g->parse_think)
@@ -1718,7 +1314,7 @@ static void put_final(FILE *f, struct server *s, const struct gen *g, const stru
         } else {
             fputs("null", f);
         }
-        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->stop_type));
+        fprintf(f, ",\"finish_reason\":\"%s\"}],", finish_reason(j->end));
     }
     put_usage(f, j);
     fputc(',', f);
@@ -1805,18 +1401,17 @@ static void put_chat_chunk_head(FILE *f, struct server *s, const struct gen *g)
 }
 
 /* Streams job j to the client as it is generated. */
-static void stream_job(struct req *r, const struct gen *g, struct job *j)
+static void stream_job(struct req *r, const struct gen *g, struct sched_job *j)
 {
     struct server *s = r->s;
     struct sse e = { r, 0 };
     struct obuf o;
-    char *text = NULL;         /* our copy of the settled text */
-    size_t text_len = 0, sent = 0, r_sent = 0, c_sent = 0;
-    int n_seen = 0, ids_sent = 0, done = 0;
-    if (sse_start(r) || !(text = malloc(1))) {
+    struct sched_view v = { 0, 0, SCHED_RUNNING, -1 };
+    size_t sent = 0, r_sent = 0, c_sent = 0;   /* text, reasoning and content bytes sent */
+    int ids_sent = 0;
+    if (sse_start(r)) {
         r->keep_alive = 0;
-        job_abandon(s, j);
-        free(text);
+        job_abandon(s, j, &v);
         return;
     }
     if (g->route == R_CHAT && ob_open(&o) == 0) {
@@ -1824,35 +1419,31 @@ static void stream_job(struct req *r, const struct gen *g, struct job *j)
         fputs("{\"role\":\"assistant\",\"content\":null},\"logprobs\":null,\"finish_reason\":null}]}", o.f);
         sse_send_ob(&e, &o);
     }
-    while (!done && !e.failed) {
-        pthread_mutex_lock(&s->lock);
-        job_wait(s, r->c, j, n_seen, text_len);
-        done = j->state == J_DONE;
-        n_seen = j->n_ids;
-        if (j->ready > text_len) {
-            char *p = realloc(text, j->ready + 1);
-            if (p) {
-                text = p;
-                memcpy(text + text_len, j->text + text_len, j->ready - text_len);
-                text_len = j->ready;
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-        if (done && (j->stop_type == ST_ERROR || j->stop_type == ST_REFUSED)) {
+    while (!e.failed) {
+        job_progress(s, r->c, j, &v);
+        int done = v.end != SCHED_RUNNING;
+        /* text below v.ready and ids below v.n_ids are final: read without the lock */
+        const char *text = j->text;
+        size_t text_len = v.ready;
+        if (v.end == SCHED_ERROR || v.end == SCHED_REFUSED) {
+            int status = v.end == SCHED_ERROR ? 500 : 503;
             if (ob_open(&o) == 0) {
-                put_error(o.f, j->stop_type == ST_ERROR ? 500 : 503, error_type(j->stop_type == ST_ERROR ? 500 : 503), j->err);
+                put_error(o.f, status, error_type(status), j->err);
                 sse_send_ob(&e, &o);
             }
             break;
         }
-        int n_out = n_output_ids(s, j, n_seen);
+        int n_out = n_output_ids(s, j, &v);
         if (ob_open(&o))
             break;
         int any = 0;
         if (g->route == R_COMPLETION) {
             any = n_out > ids_sent || text_len > sent;
-            if (any)
-                put_native(o.f, s, g, j, text + sent, text_len - sent, ids_sent, n_out, 0);
+            if (any) {
+                struct sched_view running = v;
+                running.end = SCHED_RUNNING;
+                put_native(o.f, s, g, j, &running, text + sent, text_len - sent, ids_sent, n_out);
+            }
         } else if (g->route == R_V1_COMPLETIONS) {
             any = n_out > ids_sent || text_len > sent;
             if (any) {
@@ -1908,7 +1499,7 @@ static void stream_job(struct req *r, const struct gen *g, struct job *j)
             continue;
         /* the last events */
         if (g->route == R_COMPLETION) {
-            put_native(o.f, s, g, j, "", 0, 0, 0, 1);
+            put_native(o.f, s, g, j, &v, "", 0, 0, 0);
             sse_send_ob(&e, &o);
             break;
         }
@@ -1919,7 +1510,7 @@ static void stream_job(struct req *r, const struct gen *g, struct job *j)
             fputs(",\"choices\":[{\"text\":\"\",\"index\":0,\"logprobs\":null", o.f);
         }
         fprintf(o.f, "%s\"finish_reason\":\"%s\"}]", g->route == R_CHAT ? "{},\"logprobs\":null," : ",",
-                finish_reason(j->stop_type));
+                finish_reason(v.end));
         if (!g->include_usage) {
             fputc(',', o.f);
             put_timings(o.f, j);
@@ -1936,16 +1527,13 @@ static void stream_job(struct req *r, const struct gen *g, struct job *j)
             sse_send_ob(&e, &o);
         }
         sse_send(&e, "[DONE]", 6);
+        break;
     }
-    free(text);
-    if (e.failed) {
-        r->keep_alive = 0;
-        job_abandon(s, j);
-        return;
-    }
-    sse_end(&e);
+    if (!e.failed)
+        sse_end(&e);
     if (e.failed)
         r->keep_alive = 0;
+    job_abandon(s, j, &v);
 }
 
 static void random_id(char *out, size_t cap, const char *prefix)
@@ -1976,36 +1564,41 @@ static int handle_generate(struct req *r, const struct json *b)
         free(g.prompt);
         return reply_error(r, st < 0 ? -st : st, st < 0 ? "exceed_context_size_error" : NULL, "%s", err);
     }
-    struct job *j = job_new(s, &g);
+    struct sched_req q = { .prompt = g.prompt, .n_prompt = g.np, .sp = g.sp, .want_lp = g.want_lp,
+                           .n_top = g.n_top, .cache_prompt = g.cache_prompt, .n_stop = g.n_stop };
+    q.n_predict = g.n_predict >= 0 ? g.n_predict : s->o.max_tokens;
+    memcpy(q.stop, g.stop, (size_t)g.n_stop * sizeof *q.stop);
+    memcpy(q.stop_len, g.stop_len, (size_t)g.n_stop * sizeof *q.stop_len);
+    struct sched_job *j = sched_job_new(s->sched, &q);
     if (!j) {
         free(g.prompt);
         return reply_error(r, 500, NULL, "out of memory");
     }
     int rc = 0;
-    if (job_submit(s, j)) {
+    if (sched_submit(s->sched, j)) {
         rc = reply_error(r, 503, NULL, "the server is shutting down");
     } else if (g.stream) {
         stream_job(r, &g, j);
     } else {
-        pthread_mutex_lock(&s->lock);
-        while (j->state != J_DONE)
-            job_wait(s, r->c, j, j->n_ids, j->ready);
-        pthread_mutex_unlock(&s->lock);
+        struct sched_view v = { 0, 0, SCHED_RUNNING, -1 };
+        int gone = 0;
+        while (v.end == SCHED_RUNNING)
+            gone |= job_progress(s, r->c, j, &v);
         struct obuf o;
-        if (j->stop_type == ST_CANCEL && j->cancel) {
+        if (v.end == SCHED_CANCEL && gone) {
             rc = -1; /* the client left */
-        } else if (j->stop_type == ST_ERROR) {
+        } else if (v.end == SCHED_ERROR) {
             rc = reply_error(r, 500, NULL, "%s", j->err);
-        } else if (j->stop_type == ST_REFUSED) {
+        } else if (v.end == SCHED_REFUSED) {
             rc = reply_error(r, 503, NULL, "%s", j->err);
         } else if (ob_open(&o)) {
             rc = reply_error(r, 500, NULL, "out of memory");
         } else {
-            put_final(o.f, s, &g, j);
+            put_final(o.f, s, &g, j, &v);
             rc = reply_json(r, &o);
         }
     }
-    job_free(j);
+    sched_job_free(j);
     free(g.prompt);
     return rc;
 }
@@ -2655,7 +2248,7 @@ static int listen_on(struct server *s)
     return 0;
 }
 
-/* The model, the template, the pool and the slots. */
+/* The model, the chat template, and the slots (sched.c). */
 static int load(struct server *s)
 {
     char err[512];
@@ -2676,57 +2269,38 @@ static int load(struct server *s)
     if (!s->tmpl.known)
         fprintf(stderr, "strata serve: warning: %s chat template; chat prompts use ChatML\n",
                 have ? "unrecognised" : "the model has no");
-    s->pool = pool_new(s->o.threads);
-    s->slots = calloc((size_t)s->o.parallel, sizeof *s->slots);
-    if (!s->pool || !s->slots)
-        return opt_fail("out of memory");
-    for (int i = 0; i < s->o.parallel; i++) {
-        struct slot *sl = &s->slots[i];
-        sl->id = i;
-        if (model_ctx_new(&sl->ctx, s->model, s->n_ctx, s->o.kv, s->pool, err, sizeof err) != 0)
-            return opt_fail("slot %d: %s", i, err);
-        s->n_slots++;
-        sl->cache = malloc((size_t)s->n_ctx * sizeof *sl->cache);
-        sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
-        if (!sl->cache || !sl->logits)
-            return opt_fail("out of memory");
-    }
+    if (sched_new(&s->sched, s->model, s->o.parallel, s->n_ctx, s->o.kv, s->o.threads, err, sizeof err) != 0)
+        return opt_fail("%s", err);
     fprintf(stderr, "strata serve: %s, %d slots of %d cells, %d threads, chat template %s%s\n", s->model_name,
-            s->n_slots, s->n_ctx, s->o.threads, chat_family_name(s->tmpl.family),
+            s->o.parallel, s->n_ctx, s->o.threads, chat_family_name(s->tmpl.family),
             s->tmpl.thinking_switch ? " (thinking switch)" : "");
     return 0;
 }
 
-static void unload(struct server *s)
+/* Waits until pred holds or the deadline passes. */
+static void wait_until(struct server *s, double deadline, int (*pred)(struct server *))
 {
-    for (int i = 0; i < s->n_slots; i++) {
-        model_ctx_free(s->slots[i].ctx);
-        free(s->slots[i].cache);
-        free(s->slots[i].logits);
-    }
-    free(s->slots);
-    pool_free(s->pool);
-    model_free(s->model);
-}
-
-/* Waits (lock held) until pred holds or the deadline passes. */
-static void wait_until(struct server *s, pthread_cond_t *cv, double deadline, int (*pred)(struct server *))
-{
+    pthread_mutex_lock(&s->lock);
     while (!pred(s) && now_s() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += HTTP_POLL_MS * 1000000L;
         if (ts.tv_nsec >= 1000000000L)
             ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(cv, &s->lock, &ts);
+        pthread_cond_timedwait(&s->conn_cv, &s->lock, &ts);
     }
+    pthread_mutex_unlock(&s->lock);
 }
 
+/* (lock held) */
 static int no_jobs(struct server *s)
 {
-    return s->n_active == 0 && s->n_queued == 0;
+    struct sched_stats st;
+    sched_stats(s->sched, &st);
+    return st.processing == 0 && st.queued == 0;
 }
 
+/* (lock held) */
 static int no_conns(struct server *s)
 {
     return s->n_conns == 0;
@@ -2740,7 +2314,6 @@ int http_serve_main(int argc, char **argv)
     if (rc)
         return rc > 0 ? 0 : 1;
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->sched_cv, NULL);
     pthread_cond_init(&s->conn_cv, NULL);
     s->started = time(NULL);
     if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -2756,15 +2329,14 @@ int http_serve_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     if (listen_on(s))
         return 1;
-    pthread_t acceptor, sched;
+    pthread_t acceptor;
     if (pthread_create(&acceptor, NULL, accept_main, s) != 0) {
         opt_fail("cannot start a thread");
         return 1;
     }
     /* /health answers 503 while this runs */
     int loaded = load(s) == 0;
-    int sched_on = loaded && pthread_create(&sched, NULL, sched_main, s) == 0;
-    if (sched_on) {
+    if (loaded) {
         pthread_mutex_lock(&s->lock);
         s->ready = 1;
         pthread_mutex_unlock(&s->lock);
@@ -2778,29 +2350,23 @@ int http_serve_main(int argc, char **argv)
         atomic_store(&g_stop, 1);
     }
     pthread_join(acceptor, NULL);
+    if (loaded) {
+        /* queued requests are refused; running ones get HTTP_DRAIN_S to finish */
+        sched_close(s->sched, 0);
+        wait_until(s, now_s() + HTTP_DRAIN_S, no_jobs);
+        sched_close(s->sched, 1);
+    }
+    wait_until(s, now_s() + s->o.timeout_s + 1, no_conns);
     pthread_mutex_lock(&s->lock);
-    int left = 0;
-    if (sched_on) {
-        pthread_cond_broadcast(&s->sched_cv);
-        wait_until(s, &s->conn_cv, now_s() + HTTP_DRAIN_S, no_jobs);
-        s->drain_over = 1;
-        pthread_cond_broadcast(&s->sched_cv);
-    }
-    wait_until(s, &s->conn_cv, now_s() + s->o.timeout_s + 1, no_conns);
-    left = s->n_conns;
-    if (sched_on) {
-        s->quit = 1;
-        pthread_cond_broadcast(&s->sched_cv);
-    }
+    int left = s->n_conns;
     pthread_mutex_unlock(&s->lock);
-    if (sched_on)
-        pthread_join(sched, NULL);
     if (left) {
-        /* a connection still runs: leave the model mapped for it and exit */
+        /* a connection still runs: leave the model and slots to it and exit */
         fprintf(stderr, "strata serve: %d connections did not close\n", left);
         return loaded ? 0 : 1;
     }
-    unload(s);
+    sched_free(s->sched);
+    model_free(s->model);
     if (loaded)
         fprintf(stderr, "strata serve: stopped\n");
     return loaded ? 0 : 1;

@@ -141,6 +141,35 @@ struct quant_type {
 /* NULL for an id this build does not support. */
 const struct quant_type *quant_type(int qtype);
 size_t quant_row_bytes(int qtype, int64_t n); /* 0 if n is not a multiple of blck */
+float quant_f16_to_f32(uint16_t h);
+uint16_t quant_f32_to_f16(float f);   /* round to nearest even */
+float quant_bf16_to_f32(uint16_t h);
+const char *quant_simd_name(void);    /* "avx512-vnni", "avx2", "neon", "scalar" */
+
+/* Weight rows as the tiled matrix kernel (quant_gemm.c) reads them: unsigned
+ * levels u, a float scale per sub-block of sb elements, and for some types an
+ * offset per sub-block. Element k of a row is
+ *   sc[k/sb] * (u[k] - bias) + off[k/sb] * (what the offset meets)
+ * where the offset meets the activations' sum over the sub-block
+ * (QUANT_MINS_SUB: K-quant mins) or Q8_1's stored s (QUANT_MINS_Q8_1). */
+enum quant_mins { QUANT_MINS_NONE, QUANT_MINS_SUB, QUANT_MINS_Q8_1 };
+struct quant_levels {
+    int sb;    /* elements per weight scale: 16 or 32 */
+    int unit;  /* elements per activation scale: 32 (Q8_0, Q8_1) or 256 (Q8_K) */
+    int bias;  /* level offset: 0 or a power of two */
+    int mins;  /* enum quant_mins */
+    /* one row of n elements: u (n), sc (n/sb), off (n/sb, written with mins) */
+    void (*unpack)(const void *row, int n, uint8_t *u, float *sc, float *off);
+};
+/* NULL for a type (or a build) without a tiled kernel. */
+const struct quant_levels *quant_levels(int qtype);
+/* One activation row of n elements (Q8_0, Q8_1 or Q8_K) in parts: qs (n)
+ * values, d (n/32 or n/256) scales, s16 (n/16) sums of 16 values, and for
+ * Q8_1 only s (n/32) its stored sums. */
+void quant_act_parts(int dot_type, const void *row, int n, int8_t *qs, float *d, int32_t *s16, float *s);
+
+/* ==== quant_gemm.c: the matrix kernel ==== */
+
 /* y[j*ldy + i] = dot(row i of w, row j of a) for i < nw, j < na; rows of n
  * elements, strides in bytes for w and a, in floats for y. Thread-safe (no
  * shared state): callers split nw between threads. Few activation rows go row
@@ -148,10 +177,21 @@ size_t quant_row_bytes(int qtype, int64_t n); /* 0 if n is not a multiple of blc
  * equal the dots up to float summation order. */
 void quant_gemm(int qtype, int n, const void *w, size_t ldw, int nw,
                 const void *a, size_t lda, int na, float *y, size_t ldy);
-float quant_f16_to_f32(uint16_t h);
-uint16_t quant_f32_to_f16(float f);   /* round to nearest even */
-float quant_bf16_to_f32(uint16_t h);
-const char *quant_simd_name(void);    /* "avx512-vnni", "avx2", "neon", "scalar" */
+/* The same in two steps, for callers that multiply several matrices by one
+ * input on several threads: pack the activations once (any split of the 16-
+ * token groups between threads), then multiply row slices of each matrix.
+ * quant_gemm_tiled says whether weight type qtype with na rows of n elements
+ * takes the tiled path; otherwise quant_gemm's row dots are the way. */
+int quant_gemm_tiled(int qtype, int n, int na);
+size_t quant_pack_bytes(int dot_type, int n, int na);    /* 0 when nothing tiles */
+/* Packs groups g0..g1-1 (tokens 16 g0 .. min(16 g1, na) - 1) of the na rows
+ * of a (dot type, strides lda bytes) into pack (quant_pack_bytes, 64-aligned). */
+void quant_pack(int dot_type, int n, const void *a, size_t lda, int na, int g0, int g1, void *pack);
+size_t quant_gemm_scratch(int qtype, int n);            /* bytes of scratch a call needs */
+/* quant_gemm for a tiled shape, reading a finished pack of the na rows;
+ * scratch: quant_gemm_scratch bytes, 64-aligned, private to the thread. */
+void quant_gemm_packed(int qtype, int n, const void *w, size_t ldw, int nw, const void *pack,
+                       int na, float *y, size_t ldy, void *scratch);
 
 /* ==== pool.c: the pthread pool ==== */
 
@@ -159,7 +199,9 @@ struct pool;
 struct pool *pool_new(int n_threads);        /* n_threads includes the caller */
 void pool_free(struct pool *p);
 int pool_size(const struct pool *p);
-/* Runs fn(arg, i, n) for i in [0, n) on every thread (caller included) and waits. */
+/* Runs fn(arg, i, n) once for each i in [0, n), n = pool_size, on the pool's
+ * threads (the caller included; any thread may run any i, one i at a time
+ * per thread) and waits. */
 void pool_run(struct pool *p, void (*fn)(void *arg, int i, int n), void *arg);
 
 /* ==== json.c: a small JSON reader and writer ==== */
@@ -329,6 +371,77 @@ const char *chat_end_marker(const struct chat_template *ct);
 struct chat_split { size_t r_off, r_len, c_off, c_len; };
 void chat_split(const char *text, size_t len, int final, struct chat_split *out);
 
+/* ==== sched.c: generation slots and their scheduler ==== */
+
+/* How a job ended (SCHED_RUNNING until it does). */
+enum sched_end { SCHED_RUNNING, SCHED_EOS, SCHED_LIMIT, SCHED_WORD, SCHED_CANCEL, SCHED_ERROR, SCHED_REFUSED };
+
+#define SCHED_MAX_STOPS 17
+
+struct sched_req {
+    const int32_t *prompt;       /* (n_prompt) ids, the caller's until the job is freed */
+    int n_prompt;
+    struct sample_params sp;
+    int n_predict;               /* < 0: until EOG or the context is full */
+    int want_lp, n_top;          /* log-probability of each token; top entries per token */
+    int cache_prompt;            /* start from the longest prefix a free slot holds */
+    const char *stop[SCHED_MAX_STOPS]; /* stop strings (the caller's), not part of the text */
+    size_t stop_len[SCHED_MAX_STOPS];
+    int n_stop;
+};
+
+/* One generation. Results below a sched_view's n_ids (ids, lp, top) and
+ * ready (text) never change once seen; everything is final once the view's
+ * end is not SCHED_RUNNING. */
+struct sched_job {
+    struct sched_req req;
+    int cap;                     /* tokens at most */
+    int32_t *ids;                /* (cap) sampled ids, a final EOG included */
+    float *lp;                   /* (cap) their log-probabilities (want_lp) */
+    struct sample_top *top;      /* (cap, n_top) */
+    char *text;                  /* the generated text (no special tokens, no stop string) */
+    int n_ids, end, stop_word;   /* stop_word: the stop string that ended it (SCHED_WORD) */
+    size_t text_len, ready;      /* ready: bytes that can be shown (complete UTF-8, no partial stop) */
+    char err[256];               /* SCHED_ERROR / SCHED_REFUSED */
+    int slot, n_cached, n_past;  /* its slot; prompt ids reused from the slot's cache; ids in the cache */
+    double t_start, t_prompt, t_end; /* monotonic seconds: first step, prompt evaluated, end */
+    struct sched_job_priv *priv; /* sched.c's: sampler, queue link, wake-up */
+};
+
+struct sched_view { int n_ids; size_t ready; int end, slot; };
+
+struct sched_stats {
+    uint64_t prompt_tokens, gen_tokens;  /* prompt ids evaluated (cached ones not), ids generated */
+    uint64_t n_steps, busy_slot_steps, n_tokens_max;
+    double prompt_s, decode_s;           /* seconds: prompt evaluation, generation */
+    double prompt_rate, gen_rate;        /* tokens/s over the last 16 jobs */
+    int processing, queued;
+    long kv_used, kv_cached, kv_total;   /* cells: of running jobs, kept in idle slots, all */
+};
+
+struct sched;
+/* n_slots contexts of n_ctx cells on m (which must have a tokenizer), a pool
+ * of n_threads shared by them, and the scheduler thread. */
+int sched_new(struct sched **s, struct model *m, int n_slots, int n_ctx, int kv_type, int n_threads,
+              char *err, size_t errlen);
+/* Stops the thread and frees the slots; no job may be queued or running. */
+void sched_free(struct sched *s);
+/* A job for req (copied; its prompt and stop strings stay the caller's);
+ * NULL when out of memory. Free it only before submitting or once ended. */
+struct sched_job *sched_job_new(struct sched *s, const struct sched_req *req);
+void sched_job_free(struct sched_job *j);
+/* Queues j; -1 after sched_close. */
+int sched_submit(struct sched *s, struct sched_job *j);
+/* Waits up to timeout_ms for progress beyond v (more ids or ready bytes) or
+ * the end; then v holds the job's state. */
+void sched_wait(struct sched *s, struct sched_job *j, struct sched_view *v, int timeout_ms);
+/* Ends j as SCHED_CANCEL: at once when queued, at the next step when running. */
+void sched_cancel(struct sched *s, struct sched_job *j);
+/* Shutdown: queued and new jobs are refused (SCHED_REFUSED); with
+ * cancel_running, running jobs end at the next step. */
+void sched_close(struct sched *s, int cancel_running);
+void sched_stats(struct sched *s, struct sched_stats *out);
+
 /* ==== http.c: `strata serve`, an OpenAI-compatible HTTP/1.1 server ==== */
 
 #define HTTP_MAX_HEADERS 64
@@ -414,8 +527,9 @@ int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen);
 void kv_seq_free(struct kv *kv, int seq);
 int kv_seq_len(const struct kv *kv, int seq);
 /* Adds n cells (tokens: their ids for prefix reuse, or NULL). Fails with a
- * message, changing nothing, when the sequence would pass n_ctx or the pool
- * has too few free or evictable pages; other sequences are never touched. */
+ * message, leaving the sequence as it was, when it would pass n_ctx or the
+ * pool has too few free or evictable pages; other sequences are never
+ * touched. Copies the partial last page first if it is shared. */
 int kv_append(struct kv *kv, int seq, const int32_t *tokens, int n, char *err, size_t errlen);
 void kv_truncate(struct kv *kv, int seq, int n);   /* drops the last n cells (all if n >= len) */
 /* On an empty sequence: shares the cached pages holding the longest
@@ -423,7 +537,8 @@ void kv_truncate(struct kv *kv, int seq, int n);   /* drops the last n cells (al
  * multiple of P; pass n-1 to keep a token to evaluate). */
 int kv_prefix(struct kv *kv, int seq, const int32_t *tokens, int n);
 /* Writes layer's K and V rows of cells pos..pos+n-1: k, v (n, K*E) f32,
- * converted to the cell format. The cells must exist and be unshared. */
+ * converted to the cell format. The cells must exist and be unshared.
+ * Calls on disjoint cells may run in parallel. */
 int kv_store(struct kv *kv, int seq, int layer, int pos, int n, const float *k, const float *v,
              char *err, size_t errlen);
 /* Dequantised rows of one (layer, kv head) for the attention kernels:
@@ -432,6 +547,9 @@ int kv_store(struct kv *kv, int seq, int layer, int pos, int n, const float *k, 
 void kv_read(const struct kv *kv, int seq, int layer, int head, int c0, int n, float *k, float *v);
 void kv_gather(const struct kv *kv, int seq, int layer, int head, const int32_t *cells, int n,
                float *k, float *v);
+/* Starts loading the rows kv_read (cells NULL: c0..c0+n-1) or kv_gather
+ * (cells[0..n)) would read. */
+void kv_prefetch(const struct kv *kv, int seq, int layer, int head, const int32_t *cells, int c0, int n);
 /* Introspection for tests: the page holding a cell (-1 if none) and its
  * reference count (sequences holding it, +1 while in the prefix table). */
 int kv_page_of(const struct kv *kv, int seq, int cell);
@@ -459,7 +577,7 @@ struct attn_job {
     const float *q;         /* (T, H*E) queries, RoPE applied */
     float *out;             /* (T, H*E) */
     int T;                  /* queries */
-    int pos0;               /* query t is cell pos0+t; cells 0..pos0+T-1 exist */
+    int pos0;               /* query t is cell pos0+t; cells 0..pos0+T-1 are stored */
     float scale;            /* 0: 1/sqrt(E) */
     int flags;              /* enum attn_flag */
     int n_split;            /* decode: partitions S (0: attn_split's choice) */
@@ -472,7 +590,7 @@ struct attn_job {
 struct attn;
 /* Scratch for kernels on H query heads, K kv heads, head dim E (a multiple
  * of 16), decode windows of up to max_window queries, pools of up to
- * n_threads threads; allocated once. */
+ * n_threads threads; allocated once. One call at a time per struct attn. */
 int attn_new(struct attn **a, int n_head, int n_head_kv, int head_dim, int max_window,
              int n_threads, char *err, size_t errlen);
 void attn_free(struct attn *a);
