@@ -19,7 +19,7 @@ else
   B := build
 endif
 
-LIB_SRC  := gguf.c quant.c tok.c pool.c model.c sample.c json.c synth.c kv.c attn.c chat.c http.c
+LIB_SRC  := gguf.c quant.c quant_gemm.c tok.c pool.c model.c sample.c json.c synth.c kv.c attn.c chat.c sched.c http.c
 TEST_SRC := test.c $(sort $(wildcard test_*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(B)/%.o)

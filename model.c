@@ -8,7 +8,9 @@
  * (norms, biases) that are not F32 are converted once at load. A context
  * allocates everything it needs in model_ctx_new: evaluation never allocates.
  * Matrix products are split over the pool by weight rows, so decode streams
- * each matrix once at memory bandwidth. Attention lives behind attn_forward,
+ * each matrix once at memory bandwidth; with a prompt, each input is
+ * quantised and packed for quant_gemm_packed once and read by every matrix
+ * that takes it (Q, K, V; gate, up). Attention lives behind attn_forward,
  * over a contiguous per-layer KV cache (F16 or F32 cells).
  *
  * Shapes: T tokens of a chunk, D model width, H query heads, K kv heads,
@@ -19,6 +21,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,7 +31,7 @@
 #endif
 
 #define MODEL_CHUNK 512   /* tokens per forward chunk: bounds the scratch buffers */
-#define MM_ROWS 16        /* weight rows per work unit; slices start at multiples */
+#define MM_ROWS 16        /* weight rows per work unit (prompts; decode takes more) */
 #define MM_MIN_ELEMS 8192 /* element count below which a row loop stays on the caller */
 #define ATTN_QB 8         /* query rows per attention task in a batch */
 
@@ -69,6 +72,8 @@ struct model {
     float *vecs;                  /* F32 copies of the non-F32 1-D tensors */
     size_t vecs_used, vecs_cap;   /* floats */
     size_t max_act_row;           /* bytes of the widest activation row in any dot type */
+    size_t max_pack16;            /* bytes of the largest packed input of 16 tokens */
+    size_t max_gemm_scratch;      /* bytes of the largest quant_gemm_packed scratch */
 };
 
 /* ==== loading ==== */
@@ -336,6 +341,11 @@ static void note_act(struct model *m, const struct mat *w, int width)
         rb = (size_t)width * 4;
     if (rb > m->max_act_row)
         m->max_act_row = rb;
+    size_t pb = quant_pack_bytes(dt, width, 16), gs = quant_gemm_scratch(w->type, width);
+    if (pb > m->max_pack16)
+        m->max_pack16 = pb;
+    if (gs > m->max_gemm_scratch)
+        m->max_gemm_scratch = gs;
 }
 
 static int ld_layer(struct loader *L, int il)
@@ -522,6 +532,19 @@ struct mm_job {
     int na;
     float *y;
     size_t ldy;
+    const void *pack;     /* a packed for the tiled kernel, or NULL */
+};
+
+/* The jobs' rows are cut into units (mm_unit_rows). Each thread owns a
+ * contiguous run of units of about equal cost (rows x activation rows) and
+ * takes them in order through its cursor, so decode streams each slice of a
+ * matrix once; a thread that runs out takes from the others' cursors, so the
+ * work of one that falls behind (another program on its core) is finished
+ * by the rest. Every unit is taken once: all takes are fetch-adds. */
+struct mm_cursor {
+    atomic_int next;   /* the next unit of the run */
+    int end;           /* one past the run's last unit */
+    char pad[56];      /* one cache line per thread */
 };
 
 struct model_ctx {
@@ -548,9 +571,12 @@ struct model_ctx {
     int *selrow;                  /* (T, U) row of each choice in g/u/eo */
     int *ecount, *eoff;           /* (X) tokens per expert and their first row */
     struct mm_job *jobs;          /* (2X) expert products of one batch */
+    struct mm_cursor *cursors;    /* (threads) work cursors of mm_run */
     uint8_t *gath;                /* (T*U, act row) activations gathered per expert */
     uint8_t *actbuf[2];           /* (T*U, act row) quantised activation slots */
     size_t act_row;               /* bytes per slot row */
+    uint8_t *packbuf[2];          /* (pack_bytes) each slot's rows packed for quant_gemm_packed */
+    size_t pack_bytes;
     float *tscratch;              /* (threads, tscratch_n) per-thread scratch */
     size_t tscratch_n;
     /* the input whose quantised copies the slots hold */
@@ -558,6 +584,7 @@ struct model_ctx {
     int act_T, act_n;
     int slot_type[2];             /* dot type held, -1 when empty */
     size_t slot_lda[2];
+    int slot_packed[2];           /* packbuf[s] holds the slot's rows */
     int slot_next;
 };
 
@@ -608,7 +635,10 @@ static void ctx_layout(struct model_ctx *c, struct arena *a)
     }
     c->actbuf[0] = carve(a, T * U * c->act_row);
     c->actbuf[1] = carve(a, T * U * c->act_row);
+    c->packbuf[0] = carve(a, c->pack_bytes);
+    c->packbuf[1] = carve(a, c->pack_bytes);
     c->tscratch = carve(a, (size_t)c->n_threads * c->tscratch_n * 4);
+    c->cursors = carve(a, (size_t)c->n_threads * sizeof(struct mm_cursor));
 }
 
 int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_type,
@@ -638,14 +668,18 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     /* F32 rows serve the float-reference mode and F32-weight matrices */
     c->act_row = m->max_act_row > width * 4 ? m->max_act_row : width * 4;
     /* per thread, for R = ATTN_QB x G (row, head) pairs: a double tail
-     * (R, E), scores (R, C), queries (R, E), one K/V row (ES) and lane sums
-     * (R, 16, ES) (a single row uses 64 lanes); or a tile of dequantised
-     * weight rows (MM_ROWS, width) */
+     * (R, E), scores (R, C), queries (R, E), one K/V row (ES) and the lane
+     * sums of two rows of up to 64 lanes (2, 64, ES), which first hold a block
+     * of K rows (16, E); or a tile of dequantised weight rows (MM_ROWS,
+     * width), or quant_gemm_packed's scratch */
     size_t R = (size_t)ATTN_QB * (size_t)(hp->n_head / hp->n_head_kv), E = (size_t)hp->head_dim;
     size_t ES = (E + 15) & ~(size_t)15;
-    size_t attn = 2 * R * E + R * (size_t)n_ctx + R * E + ES + R * 16 * ES;
-    size_t tile = (size_t)MM_ROWS * width;
+    size_t attn = 2 * R * E + R * (size_t)n_ctx + R * E + ES + 2 * 64 * ES;
+    size_t tile = (size_t)MM_ROWS * width, gemm = (m->max_gemm_scratch + 3) / 4;
+    if (gemm > tile)
+        tile = gemm;
     c->tscratch_n = ((attn > tile ? attn : tile) + 15) & ~(size_t)15;
+    c->pack_bytes = (size_t)(c->t_max + 15) / 16 * m->max_pack16;
     struct arena a = {NULL, 0};
     ctx_layout(c, &a);
     a.base = calloc(1, a.used);
@@ -735,26 +769,57 @@ static void act_begin(struct model_ctx *c, const float *x, int T, int n)
     c->slot_type[0] = c->slot_type[1] = -1;
 }
 
-/* The current input in dot type dt (quantised once per input and type). */
-static const void *act_get(struct model_ctx *c, int dt, size_t *lda)
+/* The slot holding the current input in dot type dt (quantised once per
+ * input and type). */
+static int act_slot(struct model_ctx *c, int dt)
 {
-    if (dt == QT_F32 || c->f32ref) {
-        *lda = (size_t)c->act_n * 4;
-        return c->act_x;
-    }
     for (int s = 0; s < 2; s++)
-        if (c->slot_type[s] == dt) {
-            *lda = c->slot_lda[s];
-            return c->actbuf[s];
-        }
+        if (c->slot_type[s] == dt)
+            return s;
     int s = c->slot_next;
     c->slot_next ^= 1;
     struct quant_arg a = {c->act_x, c->act_n, dt, c->actbuf[s], quant_row_bytes(dt, c->act_n)};
     rows_run(c, quant_rows, &a, c->act_T, (size_t)c->act_n);
     c->slot_type[s] = dt;
     c->slot_lda[s] = a.lda;
-    *lda = a.lda;
+    c->slot_packed[s] = 0;
+    return s;
+}
+
+static const void *act_get(struct model_ctx *c, int dt, size_t *lda)
+{
+    if (dt == QT_F32 || c->f32ref) {
+        *lda = (size_t)c->act_n * 4;
+        return c->act_x;
+    }
+    int s = act_slot(c, dt);
+    *lda = c->slot_lda[s];
     return c->actbuf[s];
+}
+
+struct pack_arg {
+    int dt, s;
+};
+
+static void pack_rows(struct model_ctx *c, const void *p, int g0, int g1, int ith)
+{
+    (void)ith;
+    const struct pack_arg *a = p;
+    quant_pack(a->dt, c->act_n, c->actbuf[a->s], c->slot_lda[a->s], c->act_T, g0, g1, c->packbuf[a->s]);
+}
+
+/* The current input in dot type dt packed for quant_gemm_packed: once per
+ * input and type, shared by every matrix that reads it (Q, K and V; gate and
+ * up). */
+static const void *act_packed(struct model_ctx *c, int dt)
+{
+    int s = act_slot(c, dt);
+    if (!c->slot_packed[s]) {
+        struct pack_arg a = {dt, s};
+        rows_run(c, pack_rows, &a, (c->act_T + 15) / 16, (size_t)c->act_n * 16);
+        c->slot_packed[s] = 1;
+    }
+    return c->packbuf[s];
 }
 
 /* ---- matrix products ---- */
@@ -763,11 +828,17 @@ struct mm_batch {
     struct model_ctx *c;
     const struct mm_job *jobs;
     int n_jobs;
-    int64_t cost;      /* Σ over jobs of row blocks × activation rows */
+    struct mm_cursor *cur;  /* (threads) */
 };
 
 static void mm_slice(struct model_ctx *c, const struct mm_job *j, int r0, int r1, int ith)
 {
+    if (j->pack) {
+        void *scratch = c->tscratch + (size_t)ith * c->tscratch_n;
+        quant_gemm_packed(j->type, j->n, j->w + (size_t)r0 * j->ldw, j->ldw, r1 - r0, j->pack, j->na,
+                          j->y + r0, j->ldy, scratch);
+        return;
+    }
     if (!c->f32ref || j->type == QT_F32) {
         quant_gemm(j->type, j->n, j->w + (size_t)r0 * j->ldw, j->ldw, r1 - r0, j->a, j->lda, j->na,
                    j->y + r0, j->ldy);
@@ -784,34 +855,74 @@ static void mm_slice(struct model_ctx *c, const struct mm_job *j, int r0, int r1
     }
 }
 
-/* Thread ith takes the row blocks whose cumulative cost starts in its share,
- * so each thread reads one contiguous slice of each matrix. */
+/* Rows per unit: MM_ROWS with 16 or more activation rows, more with fewer
+ * (256 for decode), so that a unit is always worth a call. */
+static int mm_unit_rows(const struct mm_job *j)
+{
+    return MM_ROWS * (j->na >= 16 ? 1 : (16 + j->na - 1) / j->na);
+}
+
+static int mm_units(const struct mm_job *j)
+{
+    return j->na > 0 ? (j->rows + mm_unit_rows(j) - 1) / mm_unit_rows(j) : 0;
+}
+
+/* Runs unit u; (*i, *first) is a job at or before u's and its first unit. */
+static void mm_unit(struct mm_batch *b, int u, int ith, int *i, int *first)
+{
+    if (u < *first)
+        *i = *first = 0;
+    while (u >= *first + mm_units(&b->jobs[*i])) {
+        *first += mm_units(&b->jobs[*i]);
+        ++*i;
+    }
+    const struct mm_job *j = &b->jobs[*i];
+    int r0 = (u - *first) * mm_unit_rows(j), r1 = r0 + mm_unit_rows(j);
+    mm_slice(b->c, j, r0, r1 < j->rows ? r1 : j->rows, ith);
+}
+
+static int mm_take(struct mm_cursor *cu)
+{
+    int u = atomic_fetch_add_explicit(&cu->next, 1, memory_order_relaxed);
+    return u < cu->end ? u : -1;
+}
+
 static void mm_worker(void *p, int ith, int nth)
 {
-    const struct mm_batch *b = p;
-    int64_t lo = b->cost * ith / nth, hi = b->cost * (ith + 1) / nth, cum = 0;
-    for (int i = 0; i < b->n_jobs; i++) {
-        const struct mm_job *j = &b->jobs[i];
-        int64_t nb = (j->rows + MM_ROWS - 1) / MM_ROWS, cj = j->na;
-        int64_t b0 = lo <= cum ? 0 : (lo - cum + cj - 1) / cj;
-        int64_t b1 = hi <= cum ? 0 : (hi - cum + cj - 1) / cj;
-        if (b0 > nb) b0 = nb;
-        if (b1 > nb) b1 = nb;
-        if (b0 < b1) {
-            int r1 = (int)(b1 * MM_ROWS);
-            mm_slice(b->c, j, (int)(b0 * MM_ROWS), r1 < j->rows ? r1 : j->rows, ith);
-        }
-        cum += nb * cj;
-    }
+    struct mm_batch *b = p;
+    int i = 0, first = 0, u;
+    for (int k = 0; k < nth; k++) /* its own run first, then the others' */
+        while ((u = mm_take(&b->cur[(ith + k) % nth])) >= 0)
+            mm_unit(b, u, ith, &i, &first);
 }
 
 static void mm_run(struct model_ctx *c, const struct mm_job *jobs, int n_jobs)
 {
-    struct mm_batch b = {c, jobs, n_jobs, 0};
+    int nth = c->n_threads, units = 0, t = 1;
+    int64_t total = 0, cum = 0;
     for (int i = 0; i < n_jobs; i++)
-        b.cost += (int64_t)((jobs[i].rows + MM_ROWS - 1) / MM_ROWS) * jobs[i].na;
-    if (b.cost == 0)
+        total += (int64_t)mm_units(&jobs[i]) * jobs[i].na;
+    if (total == 0)
         return;
+    struct mm_batch b = {c, jobs, n_jobs, c->cursors};
+    /* thread t's run starts at the unit where cost total * t / nth is reached */
+    atomic_store_explicit(&b.cur[0].next, 0, memory_order_relaxed);
+    for (int i = 0; i < n_jobs; i++) {
+        int nu = mm_units(&jobs[i]);
+        int64_t cj = jobs[i].na;
+        for (; t < nth && total * t / nth < cum + nu * cj; t++) {
+            int start = units + (int)((total * t / nth - cum + cj - 1) / cj);
+            atomic_store_explicit(&b.cur[t].next, start, memory_order_relaxed);
+            b.cur[t - 1].end = start;
+        }
+        cum += nu * cj;
+        units += nu;
+    }
+    for (; t < nth; t++) {
+        atomic_store_explicit(&b.cur[t].next, units, memory_order_relaxed);
+        b.cur[t - 1].end = units;
+    }
+    b.cur[nth - 1].end = units;
     pool_run(c->pool, mm_worker, &b);
 }
 
@@ -819,8 +930,13 @@ static void mm_run(struct model_ctx *c, const struct mm_job *jobs, int n_jobs)
 static struct mm_job mm_job(struct model_ctx *c, const struct mat *w, int e, float *y, size_t ldy)
 {
     struct mm_job j = {w->data + (size_t)e * w->stride, w->type, w->n, w->rows, w->ldw,
-                       NULL, 0, c->act_T, y, ldy};
-    j.a = act_get(c, quant_type(w->type)->dot_type, &j.lda);
+                       NULL, 0, c->act_T, y, ldy, NULL};
+    int dt = quant_type(w->type)->dot_type;
+    if (!c->f32ref && quant_gemm_tiled(w->type, w->n, c->act_T) &&
+        quant_pack_bytes(dt, w->n, c->act_T) <= c->pack_bytes)
+        j.pack = act_packed(c, dt);
+    else
+        j.a = act_get(c, dt, &j.lda);
     return j;
 }
 
@@ -982,10 +1098,19 @@ static inline void exp_ref16(const float *x, float *y)
 static void softmax_ref(float *x, int n, int n16)
 {
     float mx = -INFINITY;
-    for (int j = 0; j < n; j++)
+    int j = 0;
+#if defined(__AVX512F__)
+    /* max_ps(x, m) is x > m ? x : m lane by lane, NaN included; the max of
+     * the lanes is the max of the row */
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= n; j += 16)
+        mv = _mm512_max_ps(_mm512_loadu_ps(x + j), mv);
+    mx = _mm512_reduce_max_ps(mv);
+#endif
+    for (; j < n; j++)
         mx = x[j] > mx ? x[j] : mx;
     double sum = 0.0;
-    int j = 0;
+    j = 0;
     for (; j < n && j + 16 <= n16; j += 16) {
         /* cells past n are masked (-inf) in the reference: their exp is 0 */
         float d[16], e[16];
@@ -1021,6 +1146,38 @@ static void rms_norm(float *y, const float *x, const float *w, int n, float eps)
         y[i] = (x[i] * scale) * w[i];
 }
 
+/* rms_norm of count consecutive rows of n (y may be x). Eight rows at a time
+ * interleave their sums: each is still one double add after another, as in
+ * rms_norm, but eight chains of them run side by side. */
+static void rms_norm_rows(float *y, const float *x, const float *w, int n, float eps, int count)
+{
+    int r = 0;
+    for (; r + 8 <= count; r += 8) {
+        const float *xr = x + (size_t)r * n;
+        double sum[8] = {0};
+        for (int i = 0; i < n; i++)
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                sum[k] += (double)(xr[(size_t)k * n + i] * xr[(size_t)k * n + i]);
+        for (int k = 0; k < 8; k++) {
+            float scale = 1.0f / sqrtf((float)(sum[k] / n) + eps);
+            float *yk = y + (size_t)(r + k) * n;
+            const float *xk = xr + (size_t)k * n;
+            int i = 0;
+#if defined(__AVX512F__)
+            /* y may be x: the compiler would not vectorise this itself */
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(yk + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xk + i), _mm512_set1_ps(scale)),
+                                                       _mm512_loadu_ps(w + i)));
+#endif
+            for (; i < n; i++)
+                yk[i] = (xk[i] * scale) * w[i];
+        }
+    }
+    for (; r < count; r++)
+        rms_norm(y + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+}
+
 struct norm_arg {
     const float *x;
     float *y;
@@ -1032,8 +1189,7 @@ static void norm_rows(struct model_ctx *c, const void *p, int r0, int r1, int it
     (void)ith;
     const struct norm_arg *a = p;
     int D = c->m->hp.n_embd;
-    for (int r = r0; r < r1; r++)
-        rms_norm(a->y + (size_t)r * D, a->x + (size_t)r * D, a->w, D, c->m->hp.rms_eps);
+    rms_norm_rows(a->y + (size_t)r0 * D, a->x + (size_t)r0 * D, a->w, D, c->m->hp.rms_eps, r1 - r0);
 }
 
 /* cos/sin for every rotated pair at every position of the chunk. ggml forms
@@ -1093,10 +1249,8 @@ static void qkv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith
         if (ly->bv)
             for (int i = 0; i < K * E; i++) v[i] += ly->bv[i];
         if (ly->q_norm) {
-            for (int h = 0; h < H; h++)
-                rms_norm(q + (size_t)h * E, q + (size_t)h * E, ly->q_norm, E, hp->rms_eps);
-            for (int h = 0; h < K; h++)
-                rms_norm(k + (size_t)h * E, k + (size_t)h * E, ly->k_norm, E, hp->rms_eps);
+            rms_norm_rows(q, q, ly->q_norm, E, hp->rms_eps, H);
+            rms_norm_rows(k, k, ly->k_norm, E, hp->rms_eps, K);
         }
         const float *cs = c->rope + (size_t)t * hp->n_rot;
         rope_apply(c, q, H, cs);
@@ -1118,10 +1272,19 @@ static void resid_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
     for (int t = r0; t < r1; t++) {
         float *x = a->x + (size_t)t * D;
         const float *y = a->y + (size_t)t * D;
+        int i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= D; i += 16) {
+            __m512 v = _mm512_loadu_ps(y + i);
+            if (a->b)
+                v = _mm512_add_ps(v, _mm512_loadu_ps(a->b + i));
+            _mm512_storeu_ps(x + i, _mm512_add_ps(v, _mm512_loadu_ps(x + i)));
+        }
+#endif
         if (a->b)
-            for (int i = 0; i < D; i++) x[i] = (y[i] + a->b[i]) + x[i];
+            for (; i < D; i++) x[i] = (y[i] + a->b[i]) + x[i];
         else
-            for (int i = 0; i < D; i++) x[i] = y[i] + x[i];
+            for (; i < D; i++) x[i] = y[i] + x[i];
     }
 }
 
@@ -1137,11 +1300,19 @@ static void swiglu_rows(struct model_ctx *c, const void *p, int r0, int r1, int 
         int i = 0;
         for (; i < (n & ~15); i += 16) {
             float m[16], e[16];
+#if defined(__AVX512F__)
+            __m512 gv = _mm512_loadu_ps(g + i);
+            _mm512_storeu_ps(m, _mm512_sub_ps(_mm512_setzero_ps(), gv));
+            exp_ref16(m, e);
+            __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(e));
+            _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + i)));
+#else
             for (int k = 0; k < 16; k++)
                 m[k] = 0.0f - g[i + k];
             exp_ref16(m, e);
             for (int k = 0; k < 16; k++)
                 g[i + k] = (g[i + k] / (1.0f + e[k])) * u[i + k];
+#endif
         }
         for (; i < n; i++)
             g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
@@ -1195,6 +1366,36 @@ static void fold_lanes(const float *acc, int nl, int n_acc, int E, const double 
 {
     static const float zero[16];
     size_t ES = (size_t)(E + 15) & ~(size_t)15;
+#if defined(__AVX512F__)
+    if (E % 16 == 0) {
+        for (int e0 = 0; e0 < E; e0 += 16) {
+            __m512 f[16], t[8], u[4];
+#define LVEC(l) ((l) < nl ? _mm512_loadu_ps(acc + (size_t)(l) * ES + e0) : _mm512_setzero_ps())
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++)
+                f[l] = n_acc == 16 ? LVEC(l)
+                                   : _mm512_add_ps(_mm512_add_ps(LVEC(l), LVEC(32 + l)),
+                                                   _mm512_add_ps(LVEC(16 + l), LVEC(48 + l)));
+#undef LVEC
+#pragma GCC unroll 16
+            for (int i = 0; i < 8; i++)
+                t[i] = _mm512_add_ps(f[i + 8], f[i]);
+#pragma GCC unroll 16
+            for (int i = 0; i < 4; i++)
+                u[i] = _mm512_add_ps(t[i + 4], t[i]);
+            __m512 r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+            if (tail) {
+                __m256 lo = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(r)),
+                                                          _mm512_loadu_pd(tail + e0)));
+                __m256 hi = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(r, 1)),
+                                                          _mm512_loadu_pd(tail + e0 + 8)));
+                r = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+            }
+            _mm512_storeu_ps(out + e0, r);
+        }
+        return;
+    }
+#endif
     for (int e0 = 0; e0 < E; e0 += 16) {
         float f[16][16], t[8][16], u[4][16], r[16];
 #define LROW(l) ((l) < nl ? acc + (size_t)(l) * ES + e0 : zero)
@@ -1223,9 +1424,160 @@ static void fold_lanes(const float *acc, int nl, int n_acc, int E, const double 
     }
 }
 
+#if defined(__AVX512F__)
+/* Lane i = the sum of the 16 lanes of a[i], each in red16's order: the pairs
+ * at distance 8, 4, 2, 1 are added as butterflies across the 16 vectors. */
+static inline __m512 red16x16(const __m512 *a)
+{
+    __m512 t[8], u[4], v[2];
+#pragma GCC unroll 16
+    for (int k = 0; k < 8; k++) /* t[k]: a[2k] then a[2k+1], lanes l + (l+8) */
+        t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 16
+    for (int k = 0; k < 4; k++) /* u[k]: quarter q holds vector 4k+q, its t_i + t_(i+4) */
+        u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 16
+    for (int k = 0; k < 2; k++) /* v[k]: u0+u2, u1+u3 of vectors 8k+q and 8k+4+q */
+        v[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* lane 4q + e holds vector 4e + q */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
+}
+#endif
+
+/* s[l] = dot_lanes(row l of k, q) for the 16 rows of k (E floats apart). */
+static void kq16_lanes(const float *k, const float *q, int E, float *s)
+{
+#if defined(__AVX512F__)
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++)
+        acc[l] = _mm512_setzero_ps();
+    for (int c = 0; c < E; c += 16) {
+        __m512 qv = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++)
+            acc[l] = _mm512_fmadd_ps(_mm512_loadu_ps(k + (size_t)l * E + c), qv, acc[l]);
+    }
+    _mm512_storeu_ps(s, red16x16(acc));
+#else
+    for (int l = 0; l < 16; l++)
+        s[l] = dot_lanes(k + (size_t)l * E, q, E);
+#endif
+}
+
+/* The lane sums of P·V for nr (1 or 2) rows that see the same cells: lane l
+ * (< nl) of row k accumulates fma(v_j, p[k][j]) over the cells j = l,
+ * l + n_acc, ... below jlim, in that order, into acc (nr, n_acc, ES). V rows
+ * are cached rows of E elements (F16 or F32), row_bytes apart; row (E) is
+ * scratch for the portable path. */
+static void pv_lane_sums(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *const *p,
+                         int nr, int nl, int n_acc, int jlim, float *acc, size_t ES, float *row)
+{
+#if defined(__AVX512F__)
+    if (E % 16 == 0) {
+        /* up to 128 elements per pass: 2 x 8 accumulators in registers */
+        for (int e0 = 0; e0 < E; e0 += 128) {
+            int nc = (E - e0) / 16 < 8 ? (E - e0) / 16 : 8;
+            for (int l = 0; l < nl; l++) {
+                __m512 a0[8], a1[8];
+                for (int c = 0; c < 8; c++)
+                    a0[c] = a1[c] = _mm512_setzero_ps();
+                for (int j = l; j < jlim; j += n_acc) {
+                    const uint8_t *vr = vc + (size_t)j * row_bytes;
+                    __m512 p0 = _mm512_set1_ps(p[0][j]), p1 = _mm512_set1_ps(p[nr - 1][j]);
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        if (c >= nc)
+                            break;
+                        __m512 v = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)vr + (e0 / 16 + c)))
+                                       : _mm512_loadu_ps((const float *)vr + e0 + 16 * c);
+                        a0[c] = _mm512_fmadd_ps(v, p0, a0[c]);
+                        if (nr == 2)
+                            a1[c] = _mm512_fmadd_ps(v, p1, a1[c]);
+                    }
+                }
+                for (int c = 0; c < nc; c++) {
+                    _mm512_storeu_ps(acc + (size_t)l * ES + e0 + 16 * c, a0[c]);
+                    if (nr == 2)
+                        _mm512_storeu_ps(acc + ((size_t)n_acc + l) * ES + e0 + 16 * c, a1[c]);
+                }
+            }
+        }
+        return;
+    }
+#endif
+    for (int k = 0; k < nr; k++)
+        for (int l = 0; l < nl; l++)
+            memset(acc + ((size_t)k * n_acc + l) * ES, 0, ES * sizeof(float));
+    for (int l = 0; l < nl; l++)
+        for (int j = l; j < jlim; j += n_acc) {
+            const uint8_t *vr = vc + (size_t)j * row_bytes;
+            const float *vf = (const float *)vr;
+            if (f16) {
+                f16_to_f32_row((const uint16_t *)vr, row, E);
+                vf = row;
+            }
+            for (int k = 0; k < nr; k++)
+                fma_row(acc + ((size_t)k * n_acc + l) * ES, vf, p[k][j], E);
+        }
+}
+
+#if defined(__AVX512F__)
+/* out (E) = fold_lanes of the 16-lane sums of P·V for one row that sees the
+ * cells below jlim, sixteen elements at a time with the lane sums in
+ * registers: the same operations as pv_lane_sums then fold_lanes with
+ * n_acc = 16, without the trip through memory (a lane that takes no cell
+ * is a zero in both). */
+static inline __attribute__((always_inline)) void
+pv16_row_of(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *pr, int jlim, float *out)
+{
+#define PV_LOAD(vr) (f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr))) \
+                         : _mm512_loadu_ps((const float *)(vr)))
+    for (int e0 = 0; e0 < E; e0 += 16) {
+        __m512 f[16], t[8], u[4];
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++)
+            f[l] = _mm512_setzero_ps();
+        const uint8_t *vr = vc + (size_t)e0 * (f16 ? 2 : 4);
+        int j = 0;
+        for (; j + 16 <= jlim; j += 16)
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++, vr += row_bytes)
+                f[l] = _mm512_fmadd_ps(PV_LOAD(vr), _mm512_set1_ps(pr[j + l]), f[l]);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++, vr += row_bytes)
+            if (j + l < jlim)
+                f[l] = _mm512_fmadd_ps(PV_LOAD(vr), _mm512_set1_ps(pr[j + l]), f[l]);
+#pragma GCC unroll 16
+        for (int i = 0; i < 8; i++)
+            t[i] = _mm512_add_ps(f[i + 8], f[i]);
+#pragma GCC unroll 16
+        for (int i = 0; i < 4; i++)
+            u[i] = _mm512_add_ps(t[i + 4], t[i]);
+        _mm512_storeu_ps(out + e0, _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3])));
+    }
+#undef PV_LOAD
+}
+
+static void pv16_row(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *pr, int jlim,
+                     float *out)
+{
+    if (f16)
+        pv16_row_of(vc, row_bytes, 1, E, pr, jlim, out);
+    else
+        pv16_row_of(vc, row_bytes, 0, E, pr, jlim, out);
+}
+#endif
+
 struct attn_arg {
     struct model_ctx *c;
     int layer, T, pos, q0;
+    atomic_int next;   /* tasks taken */
 };
 
 /* One task = one kv head and a block of up to ATTN_QB query rows: the G
@@ -1237,7 +1589,7 @@ struct attn_arg {
  * batch size and the padded cell count, as in the reference. */
 static void attn_worker(void *p, int ith, int nth)
 {
-    const struct attn_arg *a = p;
+    struct attn_arg *a = p;
     struct model_ctx *c = a->c;
     const struct model_hp *hp = &c->m->hp;
     int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv, G = H / K;
@@ -1257,9 +1609,11 @@ static void attn_worker(void *p, int ith, int nth)
     float *s = (float *)(tail + (size_t)R * E);              /* (R, C) scores */
     float *qf = s + (size_t)R * C;                           /* (R, E) */
     float *row = qf + (size_t)R * E;                         /* (E) */
-    float *acc = row + ES;                                   /* (R, n_acc, ES) lane sums */
-    /* tasks dealt round-robin: later blocks see more cells */
-    for (int task = ith; task < nb * K; task += nth) {
+    float *acc = row + ES; /* (2, n_acc, ES) lane sums of a row pair; before them (16, E) K rows */
+    (void)nth;
+    /* tasks taken in turn, the later blocks (more cells) first */
+    for (int n; (n = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed)) < nb * K;) {
+        int task = nb * K - 1 - n;
         int t0 = a->q0 + (task / K) * qb, kh = task % K;
         int nt = a->T - t0 < qb ? a->T - t0 : qb, n_kv = a->pos + t0 + nt;
         const uint8_t *kc = c->k_cache + ((size_t)a->layer * K + kh) * C * row_bytes;
@@ -1271,18 +1625,35 @@ static void attn_worker(void *p, int ith, int nth)
             else
                 memcpy(qf + (size_t)r * E, q, (size_t)E * 4);
         }
-        for (int j = 0; j < n_kv; j++) {
-            const uint8_t *kr = kc + (size_t)j * row_bytes;
-            const float *kf = (const float *)kr;
-            if (f16) {
-                f16_to_f32_row((const uint16_t *)kr, row, E);
-                kf = row;
+        if (kq_lanes) {
+            /* blocks of 16 cells: 16 independent dot products per row */
+            float *kb = acc, d[16]; /* (16, E) the block's K rows */
+            for (int j0 = 0; j0 < n_kv; j0 += 16) {
+                int nj = n_kv - j0 < 16 ? n_kv - j0 : 16;
+                for (int jj = 0; jj < 16; jj++)
+                    if (jj < nj)
+                        f16_to_f32_row((const uint16_t *)(kc + (size_t)(j0 + jj) * row_bytes),
+                                       kb + (size_t)jj * E, E);
+                    else
+                        memset(kb + (size_t)jj * E, 0, (size_t)E * sizeof(float));
+                for (int r = (j0 > a->pos + t0 ? j0 - a->pos - t0 : 0) * G; r < nt * G; r++) {
+                    int jend = a->pos + t0 + r / G + 1; /* causal: row t sees cells up to pos + t */
+                    jend = jend < j0 + nj ? jend : j0 + nj;
+                    kq16_lanes(kb, qf + (size_t)r * E, E, d);
+                    for (int j = j0; j < jend; j++)
+                        s[(size_t)r * C + j] = d[j - j0] * kq_scale;
+                }
             }
-            /* causal: row t sees cells up to pos + t */
-            for (int r = (j > a->pos + t0 ? j - a->pos - t0 : 0) * G; r < nt * G; r++) {
-                const float *qr = qf + (size_t)r * E;
-                float d = kq_lanes ? dot_lanes(kf, qr, E) : dot_rows(kf, qr, E);
-                s[(size_t)r * C + j] = d * kq_scale;
+        } else {
+            for (int j = 0; j < n_kv; j++) {
+                const uint8_t *kr = kc + (size_t)j * row_bytes;
+                const float *kf = (const float *)kr;
+                if (f16) {
+                    f16_to_f32_row((const uint16_t *)kr, row, E);
+                    kf = row;
+                }
+                for (int r = (j > a->pos + t0 ? j - a->pos - t0 : 0) * G; r < nt * G; r++)
+                    s[(size_t)r * C + j] = dot_rows(kf, qf + (size_t)r * E, E) * kq_scale;
             }
         }
         for (int r = 0; r < nt * G; r++) {
@@ -1292,44 +1663,44 @@ static void attn_worker(void *p, int ith, int nth)
                 round_f16_row(s + (size_t)r * C, s + (size_t)r * C, nr);
         }
         /* out[e] = Σ_j p_j·v_j[e]: cell j feeds lane j mod n_acc (below np),
-         * the rest is the double tail of the row-dot form. Lane by lane, so
-         * one lane's rows stay in L1 while its cells stream past; only the
-         * lanes that receive a cell are written and read. */
+         * the rest is the double tail of the row-dot form. The rows of one
+         * query (its G heads) see the same cells and go in pairs. */
         int nl = n_kv < np ? n_kv : np;
         nl = nl < n_acc ? nl : n_acc;
-        int jend = n_kv < np ? n_kv : np, r_first0 = a->pos + t0;
-        for (int l = 0; l < nl; l++) {
-            for (int r = 0; r < nt * G; r++)
-                memset(acc + ((size_t)r * n_acc + (size_t)l) * ES, 0, ES * sizeof(float));
-            for (int j = l; j < jend; j += n_acc) {
-                const uint8_t *vr = vc + (size_t)j * row_bytes;
-                const float *vf = (const float *)vr;
-                if (f16) {
-                    f16_to_f32_row((const uint16_t *)vr, row, E);
-                    vf = row;
-                }
-                for (int r = (j > r_first0 ? j - r_first0 : 0) * G; r < nt * G; r++)
-                    fma_row(acc + ((size_t)r * n_acc + (size_t)l) * ES, vf, s[(size_t)r * C + j], E);
-            }
-        }
         int has_tail = n_kv > np;
-        if (has_tail)
-            memset(tail, 0, (size_t)nt * G * E * sizeof(double));
-        for (int j = np; j < n_kv; j++) {
-            const uint8_t *vr = vc + (size_t)j * row_bytes;
-            const float *vf = (const float *)vr;
-            if (f16) {
-                f16_to_f32_row((const uint16_t *)vr, row, E);
-                vf = row;
+#if defined(__AVX512F__)
+        if (n_acc == 16 && E % 16 == 0 && !has_tail) {
+            for (int r = 0; r < nt * G; r++) {
+                int t = t0 + r / G, seen = a->pos + t + 1;
+                pv16_row(vc, row_bytes, f16, E, s + (size_t)r * C, seen < np ? seen : np,
+                         c->ao + (size_t)t * H * E + (size_t)(kh * G + r % G) * E);
             }
-            for (int r = (j > r_first0 ? j - r_first0 : 0) * G; r < nt * G; r++)
-                for (int e = 0; e < E; e++)
-                    tail[(size_t)r * E + e] += (double)(vf[e] * s[(size_t)r * C + j]);
+            continue;
         }
-        for (int r = 0; r < nt * G; r++) {
-            int t = t0 + r / G, g = r % G;
-            fold_lanes(acc + (size_t)r * n_acc * ES, nl, n_acc, E, has_tail ? tail + (size_t)r * E : NULL,
-                       c->ao + (size_t)t * H * E + (size_t)(kh * G + g) * E);
+#endif
+        for (int r = 0; r < nt * G;) {
+            int t = t0 + r / G, nr = r + 1 < nt * G && (r + 1) / G == r / G ? 2 : 1;
+            int seen = a->pos + t + 1; /* cells 0..seen-1 */
+            const float *pr[2] = {s + (size_t)r * C, s + (size_t)(r + nr - 1) * C};
+            pv_lane_sums(vc, row_bytes, f16, E, pr, nr, nl, n_acc, seen < np ? seen : np, acc, ES, row);
+            for (int k = 0; k < nr; k++) {
+                if (has_tail) {
+                    memset(tail, 0, (size_t)E * sizeof(double));
+                    for (int j = np; j < seen; j++) {
+                        const uint8_t *vr = vc + (size_t)j * row_bytes;
+                        const float *vf = (const float *)vr;
+                        if (f16) {
+                            f16_to_f32_row((const uint16_t *)vr, row, E);
+                            vf = row;
+                        }
+                        for (int e = 0; e < E; e++)
+                            tail[e] += (double)(vf[e] * pr[k][j]);
+                    }
+                }
+                fold_lanes(acc + (size_t)k * n_acc * ES, nl, n_acc, E, has_tail ? tail : NULL,
+                           c->ao + (size_t)t * H * E + (size_t)(kh * G + (r + k) % G) * E);
+            }
+            r += nr;
         }
     }
 }
@@ -1363,7 +1734,7 @@ static void kv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
  * cache layout. */
 static void attn_forward(struct model_ctx *c, int layer, int T, int pos, int q0)
 {
-    struct attn_arg arg = {c, layer, T, pos, q0};
+    struct attn_arg arg = {c, layer, T, pos, q0, 0};
     const struct model_hp *hp = &c->m->hp;
     rows_run(c, kv_rows, &arg, T, (size_t)hp->n_head_kv * hp->head_dim);
     if (q0 < T)
@@ -1468,7 +1839,7 @@ static int moe_jobs(struct model_ctx *c, const struct mat *w, const uint8_t *a, 
             continue;
         struct mm_job j = {w->data + (size_t)e * w->stride, w->type, w->n, w->rows, w->ldw,
                            a + (size_t)c->eoff[e] * lda, lda, c->ecount[e],
-                           y + (size_t)c->eoff[e] * ldy, ldy};
+                           y + (size_t)c->eoff[e] * ldy, ldy, NULL};
         jobs[nj++] = j;
     }
     return nj;

@@ -1,12 +1,16 @@
 /*
  * pool.c — the persistent pthread pool that every parallel loop runs on.
  *
- * pool_run(fn, arg) runs fn(arg, i, n) once on each of the n threads (the
- * caller is thread 0) and returns when all are done. Decode calls it about
- * ten times per layer, so a call must cost microseconds: idle workers spin on
- * a generation counter for a short while before they sleep on a condition
- * variable, and the caller spins until the workers report back.
- * No work splitting happens here; the callers decide what thread i does.
+ * pool_run(fn, arg) runs fn(arg, i, n) once for each index i of the n
+ * threads and returns when all are done. The indices are handed out as the
+ * threads arrive, the caller taking them too: when another program holds a
+ * worker's core, the caller runs that worker's index itself instead of
+ * waiting for it, and a worker that arrives late finds nothing left. Decode
+ * calls it about ten times per layer, so a call must cost microseconds: idle
+ * workers spin on a generation counter for a short while before they sleep
+ * on a condition variable, and the caller spins until the indices taken by
+ * workers are finished.
+ * No work splitting happens here; the callers decide what index i does.
  */
 #include "strata.h"
 
@@ -24,10 +28,16 @@
 #define pool_relax() ((void)0)
 #endif
 
-/* About 50-100 µs of polling before an idle worker goes to sleep: long enough
- * to cover the gaps between the calls of one forward pass, short enough not
- * to burn a core while the program waits for input. */
+/* About half a millisecond of polling (a pause takes ~20 ns on Zen 5) before
+ * an idle worker goes to sleep: long enough to cover the gaps between the
+ * calls of one forward pass, short enough not to burn a core while the
+ * program waits for input. */
 #define POOL_SPIN 20000
+
+/* Polls between two yields of the CPU while spinning: when the machine has
+ * more runnable threads than cores, a spinner lets the thread it waits for
+ * run (about 5 µs of polling per yield). */
+#define POOL_YIELD_EVERY 256
 
 struct pool {
     int n;                        /* threads, caller included */
@@ -38,13 +48,9 @@ struct pool {
     void (*fn)(void *arg, int i, int n);
     void *arg;
     atomic_uint gen;              /* bumped (under mu) once per pool_run */
-    atomic_int done;              /* workers finished with the current job */
+    atomic_int next;              /* the next index of the current job to hand out */
+    atomic_int finished;          /* indices of the current job finished */
     atomic_int quit;
-};
-
-struct pool_worker {
-    struct pool *p;
-    int i;
 };
 
 /* Waits until the generation moves past `seen`; returns the new one. */
@@ -54,7 +60,10 @@ static unsigned pool_wait_gen(struct pool *p, unsigned seen)
         unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen)
             return g;
-        pool_relax();
+        if (k % POOL_YIELD_EVERY == POOL_YIELD_EVERY - 1)
+            sched_yield();
+        else
+            pool_relax();
     }
     pthread_mutex_lock(&p->mu);
     unsigned g;
@@ -67,19 +76,28 @@ static unsigned pool_wait_gen(struct pool *p, unsigned seen)
     return g;
 }
 
+/* Runs indices of the current job until none is left. An index taken
+ * belongs to the job whose fn and arg are read after taking it: that job
+ * cannot end (and the caller cannot publish the next) before the index is
+ * finished, even when the taker saw an older generation. */
+static void pool_work(struct pool *p)
+{
+    int i;
+    while ((i = atomic_fetch_add_explicit(&p->next, 1, memory_order_acquire)) < p->n) {
+        p->fn(p->arg, i, p->n);
+        atomic_fetch_add_explicit(&p->finished, 1, memory_order_release);
+    }
+}
+
 static void *pool_main(void *arg)
 {
-    struct pool_worker *w = arg;
-    struct pool *p = w->p;
-    int i = w->i;
-    free(w);
+    struct pool *p = arg;
     unsigned seen = 0;
     for (;;) {
         seen = pool_wait_gen(p, seen);
         if (atomic_load_explicit(&p->quit, memory_order_acquire))
             return NULL;
-        p->fn(p->arg, i, p->n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        pool_work(p);
     }
 }
 
@@ -103,7 +121,8 @@ struct pool *pool_new(int n_threads)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     atomic_init(&p->gen, 0);
-    atomic_init(&p->done, 0);
+    atomic_init(&p->next, 0);
+    atomic_init(&p->finished, 0);
     atomic_init(&p->quit, 0);
     p->threads = calloc((size_t)p->n, sizeof *p->threads);
     if (!p->threads) {
@@ -111,13 +130,7 @@ struct pool *pool_new(int n_threads)
         return NULL;
     }
     for (int i = 1; i < p->n; i++) {
-        struct pool_worker *w = malloc(sizeof *w);
-        if (w) {
-            w->p = p;
-            w->i = i;
-        }
-        if (!w || pthread_create(&p->threads[i - 1], NULL, pool_main, w) != 0) {
-            free(w);
+        if (pthread_create(&p->threads[i - 1], NULL, pool_main, p) != 0) {
             p->n = i;   /* pool_free joins the i - 1 workers that started */
             pool_free(p);
             return NULL;
@@ -155,13 +168,14 @@ void pool_run(struct pool *p, void (*fn)(void *arg, int i, int n), void *arg)
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
+    /* from here on indices can be taken: fn, arg and finished are set */
+    atomic_store_explicit(&p->next, 0, memory_order_release);
     pool_bump(p);
-    fn(arg, 0, p->n);
-    /* spin while the workers are likely running; yield once they may have
-     * been descheduled (more runnable threads than cores) */
-    for (int k = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; k++) {
-        if (k < POOL_SPIN)
+    pool_work(p);
+    /* every index is taken: wait for those the workers are running */
+    for (int k = 0; atomic_load_explicit(&p->finished, memory_order_acquire) != p->n; k++) {
+        if (k < POOL_SPIN && k % POOL_YIELD_EVERY != POOL_YIELD_EVERY - 1)
             pool_relax();
         else
             sched_yield();

@@ -1,15 +1,16 @@
 /*
  * quant.c — tensor block formats: dequantisation, activation quantisation,
- * weight quantisers, dot products and the matrix kernel the model calls.
+ * weight quantisers, dot products, and the unpacked forms (levels, activation
+ * parts) that the matrix kernel in quant_gemm.c reads.
  *
  * Owns every byte layout of the GGUF tensor types Strata reads (F32, F16, BF16,
  * the 32-element legacy blocks, the 256-element K-quants, the IQ types) and the
  * numerics the reference engine (llama.cpp, CPU backend on x86) uses with them:
  * dequantisation is bit-exact, activation quantisation (Q8_0, Q8_1, Q8_K, F16,
  * BF16) byte-exact, dot products exact in their integer parts.
- * Must not: know about models or threads, print, or allocate outside
- * quant_gemm's packing scratch. Kernels are chosen at build time
- * (-march=native: AVX-512 VNNI / AVX2; STRATA_PORTABLE: scalar only).
+ * Must not: know about models or threads, print, or allocate. Kernels are
+ * chosen at build time (-march=native: AVX-512 VNNI / AVX2; STRATA_PORTABLE:
+ * scalar only).
  * Bit-exact dequantisation needs the float expressions evaluated as written:
  * no FMA contraction (GCC's -std=c11 implies -ffp-contract=off; clang needs
  * the flag).
@@ -2457,25 +2458,14 @@ const char *quant_simd_name(void)
 #endif
 }
 
-/* ==== the matrix kernel ==== */
+/* ==== weight rows as levels: the form the tiled kernel reads ==== */
 
 #ifdef QUANT_AVX512
-/* How a weight type meets the tiled kernel: its rows unpack to unsigned
- * levels u (one byte per element) with a float scale per sub-block of sb
- * elements; unit is the span sharing one activation scale (32 for the legacy
- * blocks, 256 for the Q8_K types). Element k of a row is
- *   sc[k/sb] * (u[k] - bias) + off[...]
- * where the offset meets the activation as off * sum(a) * da per sub-block
- * (mins = MINS_SUB: K-quant mins) or as off * s per block (mins = MINS_Q8_1). */
-enum { MINS_NONE, MINS_SUB, MINS_Q8_1 };
+/* Each unpacker writes one row of n elements as unsigned levels u (n bytes),
+ * a float scale per sub-block (sc) and, for types with mins, an offset per
+ * sub-block (off): see struct quant_levels. */
 
-struct gemm_kind {
-    int sb, unit, bias, mins;
-    /* one row of n elements: u (n), sc (n/sb), off (n/sb) */
-    void (*unpack)(const void *row, int n, uint8_t *u, float *sc, float *off);
-};
-
-static void unpack_q8_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_q8_0(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_q8_0 *x = row;
     (void)off;
@@ -2485,7 +2475,7 @@ static void unpack_q8_0(const void *row, int n, uint8_t *u, float *sc, float *of
     }
 }
 
-static void unpack_q4_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_q4_0(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_q4_0 *x = row;
     (void)off;
@@ -2495,7 +2485,7 @@ static void unpack_q4_0(const void *row, int n, uint8_t *u, float *sc, float *of
     }
 }
 
-static void unpack_q4_1(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_q4_1(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_q4_1 *x = row;
     for (int b = 0; b < n / 32; b++) {
@@ -2505,7 +2495,7 @@ static void unpack_q4_1(const void *row, int n, uint8_t *u, float *sc, float *of
     }
 }
 
-static void unpack_q5_0(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_q5_0(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_q5_0 *x = row;
     (void)off;
@@ -2515,7 +2505,7 @@ static void unpack_q5_0(const void *row, int n, uint8_t *u, float *sc, float *of
     }
 }
 
-static void unpack_q5_1(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_q5_1(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_q5_1 *x = row;
     for (int b = 0; b < n / 32; b++) {
@@ -2525,7 +2515,7 @@ static void unpack_q5_1(const void *row, int n, uint8_t *u, float *sc, float *of
     }
 }
 
-static void unpack_iq4_nl(const void *row, int n, uint8_t *u, float *sc, float *off)
+static void levels_iq4_nl(const void *row, int n, uint8_t *u, float *sc, float *off)
 {
     const blk_iq4_nl *x = row;
     (void)off;
@@ -2537,12 +2527,44 @@ static void unpack_iq4_nl(const void *row, int n, uint8_t *u, float *sc, float *
     }
 }
 
-#define UNPACK_KSB(type, size)                                                      \
-    static void unpack_##type(const void *row, int n, uint8_t *u, float *sc, float *off) \
+/* 8 byte-sized integers (a 64-bit word, byte s = sub-block s) times d. */
+static inline __m256 scaled8(uint64_t bytes, float d)
+{
+    __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d));
+}
+
+/* Q4_K and Q6_K, the types of most K-quant files, decode straight to the
+ * row; the others go through their struct ksb. */
+static void levels_q4_K(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q4_K *x = row;
+    for (int i = 0; i < n / QK; i++) {
+        uint64_t s, m;
+        k4_scales8(x[i].scales, &s, &m);
+        _mm256_storeu_ps(sc + 8 * i, scaled8(s, fp16(x[i].d)));
+        _mm256_storeu_ps(off + 8 * i, scaled8(m, -fp16(x[i].dmin)));
+        k4_unpack(x[i].qs, u + QK * i);
+    }
+}
+
+static void levels_q6_K(const void *row, int n, uint8_t *u, float *sc, float *off)
+{
+    const blk_q6_K *x = row;
+    (void)off;
+    for (int i = 0; i < n / QK; i++) {
+        __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x[i].scales)));
+        _mm512_storeu_ps(sc + 16 * i, _mm512_mul_ps(s, _mm512_set1_ps(fp16(x[i].d))));
+        k6_unpack(&x[i], u + QK * i);
+    }
+}
+
+#define LEVELS_KSB(type)                                                            \
+    static void levels_##type(const void *row, int n, uint8_t *u, float *sc, float *off) \
     {                                                                               \
         struct ksb k;                                                               \
         for (int i = 0; i < n / QK; i++) {                                          \
-            ksb_##type((const uint8_t *)row + (size_t)i * size, &k);                \
+            ksb_##type((const blk_##type *)row + i, &k);                            \
             memcpy(u + QK * i, k.u, QK);                                            \
             int ns = QK / k.sb;                                                     \
             for (int s = 0; s < ns; s++) {                                          \
@@ -2551,379 +2573,79 @@ static void unpack_iq4_nl(const void *row, int n, uint8_t *u, float *sc, float *
             }                                                                       \
         }                                                                           \
     }
-UNPACK_KSB(q2_K, sizeof(blk_q2_K))
-UNPACK_KSB(q3_K, sizeof(blk_q3_K))
-UNPACK_KSB(q4_K, sizeof(blk_q4_K))
-UNPACK_KSB(q5_K, sizeof(blk_q5_K))
-UNPACK_KSB(q6_K, sizeof(blk_q6_K))
-UNPACK_KSB(iq4_xs, sizeof(blk_iq4_xs))
-UNPACK_KSB(iq2_xxs, sizeof(blk_iq2_xxs))
-UNPACK_KSB(iq2_xs, sizeof(blk_iq2_xs))
-UNPACK_KSB(iq2_s, sizeof(blk_iq2_s))
-UNPACK_KSB(iq3_xxs, sizeof(blk_iq3_xxs))
-UNPACK_KSB(iq3_s, sizeof(blk_iq3_s))
+LEVELS_KSB(q2_K)
+LEVELS_KSB(q3_K)
+LEVELS_KSB(q5_K)
+LEVELS_KSB(iq4_xs)
+LEVELS_KSB(iq2_xxs)
+LEVELS_KSB(iq2_xs)
+LEVELS_KSB(iq2_s)
+LEVELS_KSB(iq3_xxs)
+LEVELS_KSB(iq3_s)
 
-static const struct gemm_kind *gemm_kind(int qtype)
-{
-    static const struct gemm_kind q8_0 = {32, 32, 128, MINS_NONE, unpack_q8_0},
-                                  q4_0 = {32, 32, 8, MINS_NONE, unpack_q4_0},
-                                  q4_1 = {32, 32, 0, MINS_Q8_1, unpack_q4_1},
-                                  q5_0 = {32, 32, 16, MINS_NONE, unpack_q5_0},
-                                  q5_1 = {32, 32, 0, MINS_Q8_1, unpack_q5_1},
-                                  iq4_nl = {32, 32, 128, MINS_NONE, unpack_iq4_nl},
-                                  q2_K = {16, QK, 0, MINS_SUB, unpack_q2_K},
-                                  q3_K = {16, QK, 4, MINS_NONE, unpack_q3_K},
-                                  q4_K = {32, QK, 0, MINS_SUB, unpack_q4_K},
-                                  q5_K = {32, QK, 0, MINS_SUB, unpack_q5_K},
-                                  q6_K = {16, QK, 32, MINS_NONE, unpack_q6_K},
-                                  iq4_xs = {32, QK, 128, MINS_NONE, unpack_iq4_xs},
-                                  iq2_xxs = {32, QK, 128, MINS_NONE, unpack_iq2_xxs},
-                                  iq2_xs = {16, QK, 128, MINS_NONE, unpack_iq2_xs},
-                                  iq2_s = {16, QK, 128, MINS_NONE, unpack_iq2_s},
-                                  iq3_xxs = {32, QK, 128, MINS_NONE, unpack_iq3_xxs},
-                                  iq3_s = {32, QK, 128, MINS_NONE, unpack_iq3_s};
-    switch (qtype) {
-    case QT_Q8_0: return &q8_0;
-    case QT_Q4_0: return &q4_0;
-    case QT_Q4_1: return &q4_1;
-    case QT_Q5_0: return &q5_0;
-    case QT_Q5_1: return &q5_1;
-    case QT_IQ4_NL: return &iq4_nl;
-    case QT_Q2_K: return &q2_K;
-    case QT_Q3_K: return &q3_K;
-    case QT_Q4_K: return &q4_K;
-    case QT_Q5_K: return &q5_K;
-    case QT_Q6_K: return &q6_K;
-    case QT_IQ4_XS: return &iq4_xs;
-    case QT_IQ2_XXS: return &iq2_xxs;
-    case QT_IQ2_XS: return &iq2_xs;
-    case QT_IQ2_S: return &iq2_s;
-    case QT_IQ3_XXS: return &iq3_xxs;
-    case QT_IQ3_S: return &iq3_s;
-    default: return NULL;
-    }
-}
-
-/* ---- the tiled kernel: 16 tokens in the lanes of a vector ----
- *
- * The activations of a chunk of tokens are repacked so that 4 consecutive
- * elements of 16 tokens fill one 512-bit vector; a weight row contributes 4
- * unpacked levels at a time as a 32-bit broadcast. One vpdpbusd then adds 64
- * products into 16 per-token sums, and a sub-block's 8 (or 4) steps finish
- * before its scales are applied once, in float. A tile is TR weight rows by
- * TG token groups, all accumulators in registers; each weight row is unpacked
- * once per chunk and each packed activation vector is loaded once per tile. */
-
-#define TR 4       /* weight rows per tile */
-#define TG 2       /* token groups (of 16) per tile */
-#define CHUNK_BYTES (256 << 10) /* packed activations per chunk: about half of L2 */
-
-struct gemm_pack {
-    int n, nunit, nsub;
-    int8_t *qa;     /* (groups, n/4, 16, 4) */
-    float *da;      /* (groups, nunit, 16) */
-    int32_t *init;  /* (groups, nsub, 16): -bias * sum(a) over the sub-block */
-    float *asum;    /* (groups, nsub, 16): sum(a), or Q8_1's s per block */
+/* sb, unit, bias, mins, unpack */
+static const struct quant_levels levels[QT_COUNT] = {
+    [QT_Q8_0] = {32, 32, 128, QUANT_MINS_NONE, levels_q8_0},
+    [QT_Q4_0] = {32, 32, 8, QUANT_MINS_NONE, levels_q4_0},
+    [QT_Q4_1] = {32, 32, 0, QUANT_MINS_Q8_1, levels_q4_1},
+    [QT_Q5_0] = {32, 32, 16, QUANT_MINS_NONE, levels_q5_0},
+    [QT_Q5_1] = {32, 32, 0, QUANT_MINS_Q8_1, levels_q5_1},
+    [QT_IQ4_NL] = {32, 32, 128, QUANT_MINS_NONE, levels_iq4_nl},
+    [QT_Q2_K] = {16, QK, 0, QUANT_MINS_SUB, levels_q2_K},
+    [QT_Q3_K] = {16, QK, 4, QUANT_MINS_NONE, levels_q3_K},
+    [QT_Q4_K] = {32, QK, 0, QUANT_MINS_SUB, levels_q4_K},
+    [QT_Q5_K] = {32, QK, 0, QUANT_MINS_SUB, levels_q5_K},
+    [QT_Q6_K] = {16, QK, 32, QUANT_MINS_NONE, levels_q6_K},
+    [QT_IQ4_XS] = {32, QK, 128, QUANT_MINS_NONE, levels_iq4_xs},
+    [QT_IQ2_XXS] = {32, QK, 128, QUANT_MINS_NONE, levels_iq2_xxs},
+    [QT_IQ2_XS] = {16, QK, 128, QUANT_MINS_NONE, levels_iq2_xs},
+    [QT_IQ2_S] = {16, QK, 128, QUANT_MINS_NONE, levels_iq2_s},
+    [QT_IQ3_XXS] = {32, QK, 128, QUANT_MINS_NONE, levels_iq3_xxs},
+    [QT_IQ3_S] = {32, QK, 128, QUANT_MINS_NONE, levels_iq3_s},
 };
-
-static inline __m512i bcast32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* The unpacked weight rows of a tile: row r's levels at u + r * stride, its
- * sub-block scales at sc + r * stride bytes, its offsets likewise. */
-struct gemm_rows {
-    const uint8_t *u;
-    const float *sc, *off;
-    size_t stride;
-};
-
-#define ROW(ptr, r, stride) ((const void *)((const uint8_t *)(ptr) + (size_t)(r) * (stride)))
-
-/* out (R, G, 16) = the dots of R unpacked rows with G token groups starting at
- * g0. Few pointers, all walking forward with fixed strides between rows and
- * between groups: general registers run out before vector ones otherwise. */
-static inline __attribute__((always_inline)) void
-gemm_tile(const struct gemm_pack *p, const struct gemm_kind *k, int R, int G, int g0,
-          const struct gemm_rows *rows, float *out)
-{
-    const int sb = k->sb, per_unit = k->unit / k->sb;
-    const size_t rs = rows->stride, qs = (size_t)p->n * 16, us = (size_t)p->nsub * 64;
-    const int8_t *qa = p->qa + (size_t)g0 * qs;
-    const float *da = p->da + (size_t)g0 * p->nunit * 16, *asum = p->asum + (size_t)g0 * us / 4;
-    const int32_t *init = p->init + (size_t)g0 * us / 4;
-    const uint8_t *u = rows->u;
-    const float *sc = rows->sc, *off = rows->off;
-    __m512 facc[TR][TG];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            facc[r][g] = _mm512_setzero_ps();
-            if (per_unit > 1)
-                _mm512_storeu_ps(out + (r * TG + g) * 16, facc[r][g]);
-        }
-    for (int un = 0; un < p->nunit; un++) {
-        __m512 fsb[TR][TG];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++)
-                fsb[r][g] = _mm512_setzero_ps();
-        for (int ss = 0; ss < per_unit; ss++) {
-            __m512i acc[TR][TG];
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) {
-                /* the bias of the unsigned levels, taken out up front */
-                __m512i iv = k->bias ? _mm512_loadu_si512(ROW(init, g, us)) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                    acc[r][g] = iv;
-            }
-#pragma GCC unroll 8
-            for (int st = 0; st < sb / 4; st++) {
-                __m512i A[TG];
-#pragma GCC unroll 4
-                for (int g = 0; g < G; g++)
-                    A[g] = _mm512_loadu_si512(ROW(qa + 64 * st, g, qs));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m512i B = bcast32((const uint8_t *)ROW(u + 4 * st, r, rs));
-#pragma GCC unroll 4
-                    for (int g = 0; g < G; g++)
-                        acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], B, A[g]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m512 scv = _mm512_set1_ps(*(const float *)ROW(sc, r, rs));
-#pragma GCC unroll 4
-                for (int g = 0; g < G; g++)
-                    fsb[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][g]), scv, fsb[r][g]);
-            }
-            if (k->mins == MINS_SUB)
-#pragma GCC unroll 4
-                for (int g = 0; g < G; g++) {
-                    __m512 av = _mm512_loadu_ps(ROW(asum, g, us));
-#pragma GCC unroll 4
-                    for (int r = 0; r < R; r++)
-                        fsb[r][g] = _mm512_fmadd_ps(av, _mm512_set1_ps(*(const float *)ROW(off, r, rs)),
-                                                    fsb[r][g]);
-                }
-            qa += 16 * sb;
-            u += sb;
-            init += 16;
-            if (k->mins == MINS_SUB) {
-                asum += 16;
-                off++;
-            }
-            sc++;
-        }
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            __m512 dv = _mm512_loadu_ps(ROW(da, g, (size_t)p->nunit * 64));
-            /* super-blocks: 24 accumulators would not fit in registers with the
-             * operands, so the running sums live in out (once per 256 elements) */
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                if (per_unit > 1)
-                    _mm512_storeu_ps(out + (r * TG + g) * 16,
-                                     _mm512_fmadd_ps(fsb[r][g], dv, _mm512_loadu_ps(out + (r * TG + g) * 16)));
-                else
-                    facc[r][g] = _mm512_fmadd_ps(fsb[r][g], dv, facc[r][g]);
-            if (k->mins == MINS_Q8_1) {
-                __m512 sv = _mm512_loadu_ps(ROW(asum, g, us));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                    facc[r][g] = _mm512_fmadd_ps(sv, _mm512_set1_ps(*(const float *)ROW(off, r, rs)),
-                                                 facc[r][g]);
-            }
-        }
-        da += 16;
-        if (k->mins == MINS_Q8_1) {
-            asum += 16;
-            off++;
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-            if (per_unit == 1)
-                _mm512_storeu_ps(out + (r * TG + g) * 16, facc[r][g]);
-}
-
-typedef void (*gemm_tile_fn)(const struct gemm_pack *p, const struct gemm_kind *k, int g0,
-                             const struct gemm_rows *rows, float *out);
-
-/* One instance per (kind shape, tile shape): the constants let the compiler
- * keep every accumulator in a register. */
-#define GEMM_TILE(name, SB, UNIT, BIAS, MINS, R, G)                                        \
-    static void name(const struct gemm_pack *p, const struct gemm_kind *k, int g0,        \
-                     const struct gemm_rows *rows, float *out)                             \
-    {                                                                                      \
-        const struct gemm_kind kc = {SB, UNIT, (BIAS) ? k->bias : 0, MINS, NULL};          \
-        gemm_tile(p, &kc, R, G, g0, rows, out);                                            \
-    }
-#define GEMM_TILES(kind, SB, UNIT, BIAS, MINS)             \
-    GEMM_TILE(tile_##kind##_42, SB, UNIT, BIAS, MINS, 4, 2) \
-    GEMM_TILE(tile_##kind##_41, SB, UNIT, BIAS, MINS, 4, 1) \
-    GEMM_TILE(tile_##kind##_12, SB, UNIT, BIAS, MINS, 1, 2) \
-    GEMM_TILE(tile_##kind##_11, SB, UNIT, BIAS, MINS, 1, 1) \
-    static const gemm_tile_fn tiles_##kind[4] = {tile_##kind##_42, tile_##kind##_41, \
-                                                 tile_##kind##_12, tile_##kind##_11};
-GEMM_TILES(legacy_bias, 32, 32, 1, MINS_NONE)
-GEMM_TILES(legacy_q8_1, 32, 32, 0, MINS_Q8_1)
-GEMM_TILES(k32_min, 32, QK, 0, MINS_SUB)
-GEMM_TILES(k16_min, 16, QK, 0, MINS_SUB)
-GEMM_TILES(k32_bias, 32, QK, 1, MINS_NONE)
-GEMM_TILES(k16_bias, 16, QK, 1, MINS_NONE)
-
-static const gemm_tile_fn *gemm_tiles(const struct gemm_kind *k)
-{
-    if (k->unit == 32)
-        return k->mins == MINS_Q8_1 ? tiles_legacy_q8_1 : tiles_legacy_bias;
-    if (k->mins == MINS_SUB)
-        return k->sb == 32 ? tiles_k32_min : tiles_k16_min;
-    return k->sb == 32 ? tiles_k32_bias : tiles_k16_bias;
-}
-
-/* Repacks activation rows j0..j0+nt-1 (nt <= 16 * ngroups) into p; missing
- * tokens of the last group are zeros, which contribute nothing. */
-static void gemm_pack_acts(struct gemm_pack *p, const struct gemm_kind *k, int dot_type,
-                           const void *a, size_t lda, int j0, int nt, int ngroups)
-{
-    const int n = p->n, n4 = n / 4;
-    if (nt < ngroups * 16) { /* a partial last group: its empty lanes stay zero */
-        size_t g = (size_t)ngroups - 1;
-        memset(p->qa + g * n * 16, 0, (size_t)n * 16);
-        memset(p->da + g * p->nunit * 16, 0, (size_t)p->nunit * 16 * sizeof(float));
-        memset(p->init + g * p->nsub * 16, 0, (size_t)p->nsub * 16 * sizeof(int32_t));
-        memset(p->asum + g * p->nsub * 16, 0, (size_t)p->nsub * 16 * sizeof(float));
-    }
-    for (int t = 0; t < nt; t++) {
-        const uint8_t *row = (const uint8_t *)a + (size_t)(j0 + t) * lda;
-        int g = t / 16, l = t % 16;
-        int8_t *qa = p->qa + (size_t)g * n4 * 64 + 4 * l;
-        float *da = p->da + (size_t)g * p->nunit * 16 + l;
-        int32_t *init = p->init + (size_t)g * p->nsub * 16 + l;
-        float *asum = p->asum + (size_t)g * p->nsub * 16 + l;
-        if (dot_type == QT_Q8_K) {
-            const blk_q8_K *x = (const blk_q8_K *)row;
-            for (int i = 0; i < n / QK; i++) {
-                for (int c = 0; c < QK / 4; c++)
-                    memcpy(qa + ((size_t)i * QK / 4 + c) * 64, x[i].qs + 4 * c, 4);
-                da[i * 16] = x[i].d;
-                int per = k->sb / 16, ns = QK / k->sb;
-                for (int s = 0; s < ns; s++) {
-                    int sum = 0;
-                    for (int q = 0; q < per; q++)
-                        sum += x[i].bsums[s * per + q];
-                    init[(i * ns + s) * 16] = -k->bias * sum;
-                    asum[(i * ns + s) * 16] = (float)sum;
-                }
-            }
-        } else {
-            int q81 = dot_type == QT_Q8_1;
-            size_t bs = q81 ? sizeof(blk_q8_1) : sizeof(blk_q8_0);
-            for (int b = 0; b < n / 32; b++) {
-                const uint8_t *blk = row + b * bs;
-                const int8_t *qs = (const int8_t *)(blk + (q81 ? 4 : 2));
-                uint16_t d;
-                memcpy(&d, blk, 2);
-                for (int c = 0; c < 8; c++)
-                    memcpy(qa + ((size_t)b * 8 + c) * 64, qs + 4 * c, 4);
-                int sum = 0;
-                for (int j = 0; j < 32; j++)
-                    sum += qs[j];
-                da[b * 16] = fp16(d);
-                init[b * 16] = -k->bias * sum;
-                if (q81) {
-                    uint16_t sh;
-                    memcpy(&sh, blk + 2, 2);
-                    asum[b * 16] = fp16(sh);
-                }
-            }
-        }
-    }
-}
-
-/* Returns 0 when done, -1 when the shape is not for the tiled kernel. */
-static int gemm_tiled(int qtype, int n, const void *w, size_t ldw, int nw, const void *a,
-                      size_t lda, int na, float *y, size_t ldy)
-{
-    const struct gemm_kind *k = gemm_kind(qtype);
-    /* below these counts the row dots win: unpacking a row costs about as
-     * much as a few tokens of tiled work (measured on Zen 5) */
-    if (!k || na < (k->unit == 32 ? 5 : 12) || n % k->unit)
-        return -1;
-    const gemm_tile_fn *tiles = gemm_tiles(k);
-    struct gemm_pack p = {n, n / k->unit, n / k->sb, NULL, NULL, NULL, NULL};
-    /* token groups per chunk: each weight row is unpacked once per chunk */
-    int chunk = CHUNK_BYTES / (n * 16);
-    chunk = chunk < 2 ? 2 : chunk > 32 ? 32 : chunk;
-    chunk = (na + 15) / 16 < chunk ? (na + 15) / 16 : chunk;
-    size_t qa_bytes = (size_t)chunk * n * 16, da_bytes = (size_t)chunk * p.nunit * 64;
-    size_t sub_bytes = (size_t)chunk * p.nsub * 64;
-    size_t row_bytes = (size_t)n + 2 * p.nsub * sizeof(float);
-    uint8_t *mem = malloc(qa_bytes + da_bytes + 2 * sub_bytes + TR * row_bytes + 64);
-    if (!mem)
-        return -1;
-    p.qa = (int8_t *)mem;
-    p.da = (float *)(mem + qa_bytes);
-    p.init = (int32_t *)(mem + qa_bytes + da_bytes);
-    p.asum = (float *)(mem + qa_bytes + da_bytes + sub_bytes);
-    uint8_t *rows = mem + qa_bytes + da_bytes + 2 * sub_bytes;
-    float out[TR * TG * 16];
-    for (int j0 = 0; j0 < na; j0 += chunk * 16) {
-        int nt = na - j0 < chunk * 16 ? na - j0 : chunk * 16, ng = (nt + 15) / 16;
-        gemm_pack_acts(&p, k, quant_type(qtype)->dot_type, a, lda, j0, nt, ng);
-        for (int i0 = 0; i0 < nw; i0 += TR) {
-            int nr = nw - i0 < TR ? nw - i0 : TR;
-            /* row r: n levels, then nsub scales, then nsub offsets */
-            for (int r = 0; r < nr; r++) {
-                uint8_t *ur = rows + r * row_bytes;
-                float *scr = (float *)(ur + n);
-                k->unpack((const uint8_t *)w + (size_t)(i0 + r) * ldw, n, ur, scr, scr + p.nsub);
-            }
-            for (int g0 = 0; g0 < ng; g0 += TG) {
-                int gg = ng - g0 < TG ? ng - g0 : TG;
-                for (int r = 0; r < nr; r += nr == TR ? TR : 1) {
-                    const uint8_t *ur = rows + r * row_bytes;
-                    struct gemm_rows gr = {ur, (const float *)(ur + n),
-                                           (const float *)(ur + n) + p.nsub, row_bytes};
-                    tiles[(nr == TR ? 0 : 2) + (gg == TG ? 0 : 1)](&p, k, g0, &gr, out + r * TG * 16);
-                }
-                for (int g = 0; g < gg; g++)
-                    for (int l = 0; l < 16 && (g0 + g) * 16 + l < nt; l++) {
-                        float *yj = y + (size_t)(j0 + (g0 + g) * 16 + l) * ldy + i0;
-                        for (int r = 0; r < nr; r++)
-                            yj[r] = out[(r * TG + g) * 16 + l];
-                    }
-            }
-        }
-    }
-    free(mem);
-    return 0;
-}
 #endif
 
-void quant_gemm(int qtype, int n, const void *w, size_t ldw, int nw,
-                const void *a, size_t lda, int na, float *y, size_t ldy)
+const struct quant_levels *quant_levels(int qtype)
 {
-    const struct quant_type *t = quant_type(qtype);
-    if (!t || !t->dot) /* an activation-only type: nothing to multiply */
-        return;
 #ifdef QUANT_AVX512
-    if (gemm_tiled(qtype, n, w, ldw, nw, a, lda, na, y, ldy) == 0)
-        return;
+    if (qtype >= 0 && qtype < QT_COUNT && levels[qtype].unpack)
+        return &levels[qtype];
 #endif
-    /* row by row: each weight row stays in cache across the activation rows */
-    for (int i = 0; i < nw; i++)
-        for (int j = 0; j < na; j++)
-            t->dot(n, &y[(size_t)j * ldy + i], (const char *)w + i * ldw,
-                   (const char *)a + j * lda);
+    (void)qtype;
+    return NULL;
+}
+
+void quant_act_parts(int dot_type, const void *row, int n, int8_t *qs, float *d, int32_t *s16, float *s)
+{
+    if (dot_type == QT_Q8_K) {
+        const blk_q8_K *x = row;
+        for (int i = 0; i < n / QK; i++) {
+            memcpy(qs + QK * i, x[i].qs, QK);
+            d[i] = x[i].d;
+            for (int g = 0; g < 16; g++)
+                s16[16 * i + g] = x[i].bsums[g];
+        }
+        return;
+    }
+    int q81 = dot_type == QT_Q8_1;
+    for (int b = 0; b < n / 32; b++) {
+        const int8_t *q;
+        if (q81) {
+            const blk_q8_1 *x = (const blk_q8_1 *)row + b;
+            q = x->qs;
+            d[b] = fp16(x->d);
+            s[b] = fp16(x->s);
+        } else {
+            const blk_q8_0 *x = (const blk_q8_0 *)row + b;
+            q = x->qs;
+            d[b] = fp16(x->d);
+        }
+        memcpy(qs + 32 * b, q, 32);
+        for (int h = 0; h < 2; h++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++)
+                sum += q[16 * h + j];
+            s16[2 * b + h] = sum;
+        }
+    }
 }
