@@ -19,7 +19,6 @@
 #include "strata.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,19 +33,6 @@
 #endif
 
 #define B ATTN_BLOCK
-
-static int attn_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int attn_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ==== 16-lane vectors: one definition of every operation per ISA ==== */
 
@@ -396,17 +382,17 @@ int attn_new(struct attn **out, int n_head, int n_head_kv, int head_dim, int max
 {
     *out = NULL;
     if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv)
-        return attn_fail(err, errlen, "attention: %d query heads do not share %d kv heads evenly",
+        return strata_errf(err, errlen, "attention: %d query heads do not share %d kv heads evenly",
                          n_head, n_head_kv);
     if (head_dim <= 0 || head_dim % 16)
-        return attn_fail(err, errlen, "attention: head dim %d is not a multiple of 16", head_dim);
+        return strata_errf(err, errlen, "attention: head dim %d is not a multiple of 16", head_dim);
     if (max_window < 1)
         max_window = 1;
     if (n_threads < 1)
         n_threads = 1;
     struct attn *a = calloc(1, sizeof *a);
     if (!a)
-        return attn_fail(err, errlen, "attention: out of memory");
+        return strata_errf(err, errlen, "attention: out of memory");
     a->H = n_head;
     a->K = n_head_kv;
     a->E = head_dim;
@@ -428,7 +414,7 @@ int attn_new(struct attn **out, int n_head, int n_head_kv, int head_dim, int max
     if (!a->scratch || !a->part || !a->ref_ml) {
         double mib = (double)((a->thr_n * n_threads + part_n) * 4) / (1 << 20);
         attn_free(a);
-        return attn_fail(err, errlen, "attention: cannot allocate %.1f MiB of scratch", mib);
+        return strata_errf(err, errlen, "attention: cannot allocate %.1f MiB of scratch", mib);
     }
     *out = a;
     return 0;
@@ -825,38 +811,38 @@ static int attn_check(const struct attn *a, struct pool *p, const struct attn_jo
                       int qsa, char *err, size_t errlen)
 {
     if (!j->kv || !j->q || !j->out)
-        return attn_fail(err, errlen, "attention: missing kv, q or out");
+        return strata_errf(err, errlen, "attention: missing kv, q or out");
     const struct kv_config *c = kv_cfg(j->kv);
     if (c->n_head_kv != a->K || c->head_dim != a->E)
-        return attn_fail(err, errlen, "attention: cache has %d kv heads of %d, kernels were made for %d of %d",
+        return strata_errf(err, errlen, "attention: cache has %d kv heads of %d, kernels were made for %d of %d",
                          c->n_head_kv, c->head_dim, a->K, a->E);
     if (j->layer < 0 || j->layer >= c->n_layer)
-        return attn_fail(err, errlen, "attention: layer %d of %d", j->layer, c->n_layer);
+        return strata_errf(err, errlen, "attention: layer %d of %d", j->layer, c->n_layer);
     int len = kv_seq_len(j->kv, j->seq);
     if (len < 0)
-        return attn_fail(err, errlen, "attention: no sequence %d", j->seq);
+        return strata_errf(err, errlen, "attention: no sequence %d", j->seq);
     if (j->T < 0 || j->pos0 < 0 || j->pos0 > len - j->T)
-        return attn_fail(err, errlen, "attention: queries at cells %d..%d, sequence %d holds %d",
+        return strata_errf(err, errlen, "attention: queries at cells %d..%d, sequence %d holds %d",
                          j->pos0, j->pos0 + j->T - 1, j->seq, len);
     if (pool_size(p) > a->n_threads)
-        return attn_fail(err, errlen, "attention: pool of %d threads, scratch for %d", pool_size(p),
+        return strata_errf(err, errlen, "attention: pool of %d threads, scratch for %d", pool_size(p),
                          a->n_threads);
     if (decode && j->T > a->W)
-        return attn_fail(err, errlen, "attention: decode window of %d queries, at most %d", j->T, a->W);
+        return strata_errf(err, errlen, "attention: decode window of %d queries, at most %d", j->T, a->W);
     if (j->n_split > ATTN_MAX_SPLIT)
-        return attn_fail(err, errlen, "attention: %d partitions, at most %d", j->n_split, ATTN_MAX_SPLIT);
+        return strata_errf(err, errlen, "attention: %d partitions, at most %d", j->n_split, ATTN_MAX_SPLIT);
     if (!qsa)
         return 0;
     if (!j->sel || !j->sel_off)
-        return attn_fail(err, errlen, "attention: QSA without a cell selection");
+        return strata_errf(err, errlen, "attention: QSA without a cell selection");
     for (int t = 0; t < j->T; t++) {
         int64_t o0 = j->sel_off[t], o1 = j->sel_off[t + 1];
         if (o0 < 0 || o1 <= o0 || o1 - o0 > (int64_t)j->pos0 + t + 1)
-            return attn_fail(err, errlen, "attention: query %d selects %lld cells", t, (long long)(o1 - o0));
+            return strata_errf(err, errlen, "attention: query %d selects %lld cells", t, (long long)(o1 - o0));
         for (int64_t i = o0; i < o1; i++) {
             int32_t c0 = j->sel[i];
             if (c0 < 0 || c0 > j->pos0 + t || (i > o0 && c0 <= j->sel[i - 1]))
-                return attn_fail(err, errlen,
+                return strata_errf(err, errlen,
                                  "attention: query %d's selection is not ascending cells 0..%d (cell %d)", t,
                                  j->pos0 + t, c0);
         }

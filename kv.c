@@ -17,7 +17,6 @@
 #include "strata.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,19 +70,6 @@ struct kv {
     size_t meta_bytes;
     const struct quant_type *q4; /* Q4_0 from quant.c */
 };
-
-static int kv_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int kv_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ==== cell formats ==== */
 
@@ -423,20 +409,20 @@ int kv_new(struct kv **out, const struct kv_config *cfg_in, char *err, size_t er
     *out = NULL;
     struct kv_config cfg = *cfg_in;
     if (cfg.n_layer <= 0 || cfg.n_head_kv <= 0 || cfg.head_dim <= 0)
-        return kv_fail(err, errlen, "KV cache: bad shape (layers %d, kv heads %d, head dim %d)",
+        return strata_errf(err, errlen, "KV cache: bad shape (layers %d, kv heads %d, head dim %d)",
                        cfg.n_layer, cfg.n_head_kv, cfg.head_dim);
     if (cfg.cell < 0 || cfg.cell >= KV_CELL_COUNT)
-        return kv_fail(err, errlen, "KV cache: unknown cell format %d", cfg.cell);
+        return strata_errf(err, errlen, "KV cache: unknown cell format %d", cfg.cell);
     if (cfg.page_cells == 0)
         cfg.page_cells = KV_PAGE_CELLS;
     int P = cfg.page_cells;
     if (P < 16 || P > 256 || (P & (P - 1)))
-        return kv_fail(err, errlen, "KV cache: %d cells per page; use a power of two in [16, 256]", P);
+        return strata_errf(err, errlen, "KV cache: %d cells per page; use a power of two in [16, 256]", P);
     if (cfg.n_seq <= 0)
-        return kv_fail(err, errlen, "KV cache: %d sequences; need at least one", cfg.n_seq);
+        return strata_errf(err, errlen, "KV cache: %d sequences; need at least one", cfg.n_seq);
     size_t cell_bytes = kv_cell_bytes(&cfg);
     if (!cell_bytes)
-        return kv_fail(err, errlen,
+        return strata_errf(err, errlen,
                        "KV cache: head dim %d is not a multiple of 32, which --kv %s needs "
                        "(Q4_0 blocks of 32)", cfg.head_dim, kv_cell_name(cfg.cell));
     size_t page_bytes = (cell_bytes * (size_t)P + 63) & ~(size_t)63;
@@ -444,22 +430,22 @@ int kv_new(struct kv **out, const struct kv_config *cfg_in, char *err, size_t er
     if (cfg.mem_mib > 0) {
         n_pages = (long long)(((size_t)cfg.mem_mib << 20) / page_bytes);
         if (n_pages < 1)
-            return kv_fail(err, errlen, "KV cache: --kv-mem %d MiB holds no page (one page of %d cells is %.1f MiB)",
+            return strata_errf(err, errlen, "KV cache: --kv-mem %d MiB holds no page (one page of %d cells is %.1f MiB)",
                            cfg.mem_mib, P, (double)page_bytes / (1 << 20));
         if (cfg.n_ctx <= 0 || (long long)cfg.n_ctx > n_pages * P)
             cfg.n_ctx = (int)(n_pages * P < 0x40000000 ? n_pages * P : 0x40000000);
     } else {
         if (cfg.n_ctx <= 0)
-            return kv_fail(err, errlen, "KV cache: give a context size or a memory budget");
+            return strata_errf(err, errlen, "KV cache: give a context size or a memory budget");
         n_pages = (long long)((cfg.n_ctx + P - 1) / P) * cfg.n_seq;
     }
     if (n_pages > 0x3fffffff || (size_t)n_pages > SIZE_MAX / page_bytes)
-        return kv_fail(err, errlen, "KV cache: %lld pages is too many", n_pages);
+        return strata_errf(err, errlen, "KV cache: %lld pages is too many", n_pages);
     int max_pages = (cfg.n_ctx + P - 1) / P;
 
     struct kv *kv = calloc(1, sizeof *kv);
     if (!kv)
-        return kv_fail(err, errlen, "KV cache: out of memory");
+        return strata_errf(err, errlen, "KV cache: out of memory");
     kv->cfg = cfg;
     kv->P = P;
     kv->L = cfg.n_layer;
@@ -488,7 +474,7 @@ int kv_new(struct kv **out, const struct kv_config *cfg_in, char *err, size_t er
     kv->data = aligned_alloc(64, page_bytes * (size_t)n_pages);
     if (!kv->meta || !kv->data) {
         kv_free(kv);
-        return kv_fail(err, errlen, "KV cache: cannot allocate %.1f MiB for %lld pages",
+        return strata_errf(err, errlen, "KV cache: cannot allocate %.1f MiB for %lld pages",
                        (double)(page_bytes * (size_t)n_pages + meta_bytes) / (1 << 20), n_pages);
     }
     kv->meta_bytes = meta_bytes;
@@ -551,14 +537,14 @@ int kv_seq_new(struct kv *kv, char *err, size_t errlen)
             s->n = s->n_tok = s->n_pub = 0;
             return i;
         }
-    return kv_fail(err, errlen, "KV cache: all %d sequence slots are in use", kv->cfg.n_seq);
+    return strata_errf(err, errlen, "KV cache: all %d sequence slots are in use", kv->cfg.n_seq);
 }
 
 int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen)
 {
     struct kv_seq *s = kv_seq_get(kv, src);
     if (!s)
-        return kv_fail(err, errlen, "KV cache: no sequence %d to fork", src);
+        return strata_errf(err, errlen, "KV cache: no sequence %d to fork", src);
     int id = kv_seq_new(kv, err, errlen);
     if (id < 0)
         return -1;
@@ -598,18 +584,18 @@ int kv_append(struct kv *kv, int seq, const int32_t *tokens, int n, char *err, s
 {
     struct kv_seq *s = kv_seq_get(kv, seq);
     if (!s)
-        return kv_fail(err, errlen, "KV cache: no sequence %d", seq);
+        return strata_errf(err, errlen, "KV cache: no sequence %d", seq);
     if (n < 0)
-        return kv_fail(err, errlen, "KV cache: cannot append %d cells", n);
+        return strata_errf(err, errlen, "KV cache: cannot append %d cells", n);
     if (n > kv->cfg.n_ctx - s->n)
-        return kv_fail(err, errlen, "KV cache: sequence %d would hold %lld cells, more than its %d (-c)",
+        return strata_errf(err, errlen, "KV cache: sequence %d would hold %lld cells, more than its %d (-c)",
                        seq, (long long)s->n + n, kv->cfg.n_ctx);
     kv_publish(kv, s);
     int P = kv->P, have = (s->n + P - 1) / P, want = (s->n + n + P - 1) / P;
     int cow = n > 0 && s->n % P && kv->page[s->pt[have - 1]].refs > 1;
     int need = want - have + cow;
     if (need > kv->n_free + kv->n_idle)
-        return kv_fail(err, errlen,
+        return strata_errf(err, errlen,
                        "KV cache exhausted: sequence %d needs %d more pages of %d cells, %d free "
                        "(pool of %d pages; raise --kv-mem or -c)",
                        seq, need, P, kv->n_free + kv->n_idle, kv->n_pages);
@@ -677,16 +663,16 @@ int kv_store(struct kv *kv, int seq, int layer, int pos, int n, const float *k, 
 {
     struct kv_seq *s = kv_seq_get(kv, seq);
     if (!s)
-        return kv_fail(err, errlen, "KV cache: no sequence %d", seq);
+        return strata_errf(err, errlen, "KV cache: no sequence %d", seq);
     if (layer < 0 || layer >= kv->L || pos < 0 || n < 0 || pos > s->n - n)
-        return kv_fail(err, errlen, "KV cache: cannot store layer %d cells %d..%d of sequence %d (%d cells)",
+        return strata_errf(err, errlen, "KV cache: cannot store layer %d cells %d..%d of sequence %d (%d cells)",
                        layer, pos, pos + n - 1, seq, s->n);
     int P = kv->P, K = kv->K, E = kv->E;
     for (int c0 = pos; c0 < pos + n;) {
         int page = s->pt[c0 / P], slot = c0 % P, cnt = P - slot;
         cnt = cnt < pos + n - c0 ? cnt : pos + n - c0;
         if (kv->page[page].refs != 1)
-            return kv_fail(err, errlen, "KV cache: cell %d of sequence %d is in a shared page "
+            return strata_errf(err, errlen, "KV cache: cell %d of sequence %d is in a shared page "
                            "(append before writing)", c0, seq);
         for (int h = 0; h < K; h++) {
             uint8_t *kb = kv_block(kv, page, layer, h), *vb = kb + (size_t)P * kv->kbytes;

@@ -20,7 +20,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,20 +77,6 @@ struct model {
 
 /* ==== loading ==== */
 
-static int model_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int model_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 struct loader {
     struct model *m;
     const char *arch;
@@ -106,24 +91,24 @@ static int ld_key_int(struct loader *L, const char *suffix, int64_t def, int req
     const struct gguf_kv *kv = gguf_find(&L->m->g, key);
     if (!kv) {
         if (required)
-            return model_fail(L->err, L->errlen, "missing metadata key '%s'", key);
+            return strata_errf(L->err, L->errlen, "missing metadata key '%s'", key);
         *out = def;
         return 0;
     }
     if (kv->type == GGUF_ARR) {
         /* per-layer values: accepted only when every layer has the same one */
         if (kv->n == 0)
-            return model_fail(L->err, L->errlen, "metadata key '%s' is an empty array", key);
+            return strata_errf(L->err, L->errlen, "metadata key '%s' is an empty array", key);
         int64_t v0 = gguf_arr_int(kv, 0);
         for (uint64_t i = 1; i < kv->n; i++)
             if (gguf_arr_int(kv, i) != v0)
-                return model_fail(L->err, L->errlen,
+                return strata_errf(L->err, L->errlen,
                                   "metadata key '%s': per-layer values differ (not supported)", key);
         *out = v0;
         return 0;
     }
     if (gguf_get_int(&L->m->g, key, out) != 0)
-        return model_fail(L->err, L->errlen, "metadata key '%s' is not an integer", key);
+        return strata_errf(L->err, L->errlen, "metadata key '%s' is not an integer", key);
     return 0;
 }
 
@@ -133,12 +118,12 @@ static int ld_key_f32(struct loader *L, const char *suffix, float def, int requi
     snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     if (!gguf_find(&L->m->g, key)) {
         if (required)
-            return model_fail(L->err, L->errlen, "missing metadata key '%s'", key);
+            return strata_errf(L->err, L->errlen, "missing metadata key '%s'", key);
         *out = def;
         return 0;
     }
     if (gguf_get_f32(&L->m->g, key, out) != 0)
-        return model_fail(L->err, L->errlen, "metadata key '%s' is not a number", key);
+        return strata_errf(L->err, L->errlen, "metadata key '%s' is not a number", key);
     return 0;
 }
 
@@ -158,7 +143,7 @@ static const struct gguf_tensor *ld_tensor(struct loader *L, const char *name, c
     const struct gguf_tensor *t = gguf_tensor(&L->m->g, name);
     if (!t) {
         if (required) {
-            model_fail(L->err, L->errlen, "missing tensor '%s'", name);
+            strata_errf(L->err, L->errlen, "missing tensor '%s'", name);
             *failed = 1;
         }
         return NULL;
@@ -168,14 +153,14 @@ static const struct gguf_tensor *ld_tensor(struct loader *L, const char *name, c
             char want[96], got[96];
             shape_str(want, sizeof want, ne, nd);
             shape_str(got, sizeof got, t->ne, t->n_dims);
-            model_fail(L->err, L->errlen, "tensor '%s' has shape %s, expected %s", name, got, want);
+            strata_errf(L->err, L->errlen, "tensor '%s' has shape %s, expected %s", name, got, want);
             *failed = 1;
             return NULL;
         }
     }
     const struct quant_type *qt = quant_type(t->type);
     if (!qt || !qt->to_f32) {
-        model_fail(L->err, L->errlen, "tensor '%s' has unsupported type %s (%d)", name,
+        strata_errf(L->err, L->errlen, "tensor '%s' has unsupported type %s (%d)", name,
                    gguf_type_name(t->type), t->type);
         *failed = 1;
         return NULL;
@@ -196,7 +181,7 @@ static int ld_mat(struct loader *L, struct mat *w, const char *name, int64_t n, 
     const struct quant_type *qt = quant_type(t->type);
     const struct quant_type *dt = quant_type(qt->dot_type);
     if (!qt->dot || !dt || (qt->dot_type != QT_F32 && !dt->from_f32) || n % qt->blck != 0)
-        return model_fail(L->err, L->errlen, "tensor '%s': type %s cannot be multiplied here",
+        return strata_errf(L->err, L->errlen, "tensor '%s': type %s cannot be multiplied here",
                           name, gguf_type_name(t->type));
     w->data = t->data;
     w->type = t->type;
@@ -223,7 +208,7 @@ static int ld_vec(struct loader *L, const float **v, const char *name, int64_t n
     }
     const struct quant_type *qt = quant_type(t->type);
     if (n % qt->blck != 0 || m->vecs_used + (size_t)n > m->vecs_cap)
-        return model_fail(L->err, L->errlen, "tensor '%s': cannot convert %s vector", name,
+        return strata_errf(L->err, L->errlen, "tensor '%s': cannot convert %s vector", name,
                           gguf_type_name(t->type));
     float *dst = m->vecs + m->vecs_used;
     qt->to_f32(t->data, dst, n);
@@ -239,7 +224,7 @@ static int ld_hparams(struct loader *L)
     int64_t v;
     struct gguf_str s;
     if (gguf_get_str(&m->g, "general.architecture", &s) != 0)
-        return model_fail(L->err, L->errlen, "missing metadata key 'general.architecture'");
+        return strata_errf(L->err, L->errlen, "missing metadata key 'general.architecture'");
     static const struct { const char *name; int arch; } archs[] = {
         {"llama", ARCH_LLAMA}, {"qwen2", ARCH_QWEN2}, {"qwen3", ARCH_QWEN3}, {"qwen3moe", ARCH_QWEN3MOE},
     };
@@ -250,7 +235,7 @@ static int ld_hparams(struct loader *L)
             L->arch = archs[i].name;
         }
     if (hp->arch < 0)
-        return model_fail(L->err, L->errlen, "unsupported architecture '%.*s'",
+        return strata_errf(L->err, L->errlen, "unsupported architecture '%.*s'",
                           (int)(s.len < 64 ? s.len : 64), s.ptr);
 
     if (ld_key_int(L, "embedding_length", 0, 1, &v)) return -1;
@@ -264,13 +249,13 @@ static int ld_hparams(struct loader *L)
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->n_embd > (1 << 20) || hp->n_layer > 4096 || hp->n_head > 4096 ||
         hp->n_head % hp->n_head_kv != 0)
-        return model_fail(L->err, L->errlen, "bad shape: n_embd %d, n_layer %d, n_head %d, n_head_kv %d",
+        return strata_errf(L->err, L->errlen, "bad shape: n_embd %d, n_layer %d, n_head %d, n_head_kv %d",
                           hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
     if (ld_key_int(L, "attention.key_length", hp->n_embd / hp->n_head, 0, &v)) return -1;
     hp->head_dim = (int)v;
     if (ld_key_int(L, "attention.value_length", hp->head_dim, 0, &v)) return -1;
     if (v != hp->head_dim)
-        return model_fail(L->err, L->errlen, "%s.attention.value_length %" PRId64
+        return strata_errf(L->err, L->errlen, "%s.attention.value_length %" PRId64
                           " differs from key_length %d (not supported)", L->arch, v, hp->head_dim);
     if (ld_key_int(L, "feed_forward_length", 0, 0, &v)) return -1;
     hp->n_ff = (int)v;
@@ -290,12 +275,12 @@ static int ld_hparams(struct loader *L)
     if (ld_key_f32(L, "attention.layer_norm_rms_epsilon", 0, 1, &hp->rms_eps)) return -1;
     if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 1024 || hp->n_rot <= 0 ||
         hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_ff < 0 || hp->n_ctx_train <= 0)
-        return model_fail(L->err, L->errlen, "bad shape: head_dim %d, n_rot %d, n_ff %d",
+        return strata_errf(L->err, L->errlen, "bad shape: head_dim %d, n_rot %d, n_ff %d",
                           hp->head_dim, hp->n_rot, hp->n_ff);
     if (hp->n_expert < 0 || hp->n_expert > 4096 || hp->n_expert_used < 0 ||
         hp->n_expert_used > hp->n_expert || (hp->n_expert > 0 && hp->n_expert_used == 0) ||
         hp->n_ff_exp < 0)
-        return model_fail(L->err, L->errlen, "bad expert counts: %d experts, %d used, width %d",
+        return strata_errf(L->err, L->errlen, "bad expert counts: %d experts, %d used, width %d",
                           hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
 
     /* RoPE scaling: none or linear; the others change the frequencies in ways
@@ -305,12 +290,12 @@ static int ld_hparams(struct loader *L)
     snprintf(key, sizeof key, "%s.rope.scaling.type", L->arch);
     if (gguf_get_str(&m->g, key, &s) == 0 && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
         if (!(s.len == 6 && memcmp(s.ptr, "linear", 6) == 0))
-            return model_fail(L->err, L->errlen, "%s '%.*s' is not supported", key,
+            return strata_errf(L->err, L->errlen, "%s '%.*s' is not supported", key,
                               (int)(s.len < 32 ? s.len : 32), s.ptr);
         float factor;
         if (ld_key_f32(L, "rope.scaling.factor", 1.0f, 0, &factor)) return -1;
         if (!(factor > 0))
-            return model_fail(L->err, L->errlen, "%s.rope.scaling.factor must be positive", L->arch);
+            return strata_errf(L->err, L->errlen, "%s.rope.scaling.factor must be positive", L->arch);
         m->freq_scale = 1.0f / factor;
     }
     return 0;
@@ -327,7 +312,7 @@ static int ld_vec_arena(struct model *m, char *err, size_t errlen)
     }
     m->vecs_cap = n;
     if (n && !(m->vecs = malloc(n * sizeof(float))))
-        return model_fail(err, errlen, "out of memory for %zu norm weights", n);
+        return strata_errf(err, errlen, "out of memory for %zu norm weights", n);
     return 0;
 }
 
@@ -364,7 +349,7 @@ static int ld_layer(struct loader *L, int il)
         struct mat qkv;
         if (ld_mat(L, &qkv, NAME("attn_qkv.weight"), D, HE + 2 * KE, 0, 1)) {
             if (!gguf_tensor(&m->g, n))
-                model_fail(L->err, L->errlen, "missing tensor 'blk.%d.attn_q.weight'", il);
+                strata_errf(L->err, L->errlen, "missing tensor 'blk.%d.attn_q.weight'", il);
             return -1;
         }
         ly->wq = ly->wk = ly->wv = qkv;
@@ -385,7 +370,7 @@ static int ld_layer(struct loader *L, int il)
     if (ld_vec(L, &ly->q_norm, NAME("attn_q_norm.weight"), E, qk_norm)) return -1;
     if (ld_vec(L, &ly->k_norm, NAME("attn_k_norm.weight"), E, qk_norm)) return -1;
     if ((ly->q_norm != NULL) != (ly->k_norm != NULL))
-        return model_fail(L->err, L->errlen, "layer %d has only one of attn_q_norm/attn_k_norm", il);
+        return strata_errf(L->err, L->errlen, "layer %d has only one of attn_q_norm/attn_k_norm", il);
     if (ld_vec(L, &ly->ffn_norm, NAME("ffn_norm.weight"), D, 1)) return -1;
 
     int X = hp->n_expert;
@@ -393,7 +378,7 @@ static int ld_layer(struct loader *L, int il)
     if (ly->moe) {
         int64_t Fe = hp->n_ff_exp;
         if (X <= 0 || Fe <= 0)
-            return model_fail(L->err, L->errlen, "layer %d is MoE but %s.expert_count/"
+            return strata_errf(L->err, L->errlen, "layer %d is MoE but %s.expert_count/"
                               "expert_feed_forward_length are missing", il, L->arch);
         if (ld_mat(L, &ly->gate_inp, NAME("ffn_gate_inp.weight"), D, X, 0, 1)) return -1;
         if (ld_mat(L, &ly->gate_exps, NAME("ffn_gate_exps.weight"), D, Fe, X, 1)) return -1;
@@ -406,7 +391,7 @@ static int ld_layer(struct loader *L, int il)
     } else {
         int64_t F = hp->n_ff;
         if (F <= 0)
-            return model_fail(L->err, L->errlen, "missing metadata key '%s.feed_forward_length'", L->arch);
+            return strata_errf(L->err, L->errlen, "missing metadata key '%s.feed_forward_length'", L->arch);
         if (ld_mat(L, &ly->gate, NAME("ffn_gate.weight"), D, F, 0, 1)) return -1;
         if (ld_mat(L, &ly->up, NAME("ffn_up.weight"), D, F, 0, 1)) return -1;
         if (ld_mat(L, &ly->down, NAME("ffn_down.weight"), F, D, 0, 1)) return -1;
@@ -427,7 +412,7 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
     if (!m)
-        return model_fail(err, errlen, "out of memory");
+        return strata_errf(err, errlen, "out of memory");
     if (gguf_open(&m->g, path, err, errlen) != 0) {
         free(m);
         return -1;
@@ -439,12 +424,12 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
 
     const struct gguf_tensor *te = gguf_tensor(&m->g, "token_embd.weight");
     if (!te) {
-        model_fail(err, errlen, "missing tensor 'token_embd.weight'");
+        strata_errf(err, errlen, "missing tensor 'token_embd.weight'");
         goto fail;
     }
     hp->n_vocab = (int)te->ne[1];
     if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
-        model_fail(err, errlen, "tensor 'token_embd.weight' has %" PRId64 " rows", te->ne[1]);
+        strata_errf(err, errlen, "tensor 'token_embd.weight' has %" PRId64 " rows", te->ne[1]);
         goto fail;
     }
     int64_t D = hp->n_embd, V = hp->n_vocab;
@@ -463,7 +448,7 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
-        model_fail(err, errlen, "out of memory");
+        strata_errf(err, errlen, "out of memory");
         goto fail;
     }
     for (int il = 0; il < hp->n_layer; il++)
@@ -647,12 +632,12 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     *out = NULL;
     const struct model_hp *hp = &m->hp;
     if (n_ctx <= 0 || n_ctx > (1 << 24))
-        return model_fail(err, errlen, "context size %d out of range", n_ctx);
+        return strata_errf(err, errlen, "context size %d out of range", n_ctx);
     if (kv_type != KV_F16 && kv_type != KV_F32)
-        return model_fail(err, errlen, "unknown KV cache type %d", kv_type);
+        return strata_errf(err, errlen, "unknown KV cache type %d", kv_type);
     struct model_ctx *c = calloc(1, sizeof *c);
     if (!c)
-        return model_fail(err, errlen, "out of memory");
+        return strata_errf(err, errlen, "out of memory");
     c->m = m;
     c->pool = pool;
     c->n_threads = pool_size(pool);
@@ -685,7 +670,7 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     a.base = calloc(1, a.used);
     if (!a.base) {
         free(c);
-        return model_fail(err, errlen, "out of memory for a context of %d cells (%zu MiB)",
+        return strata_errf(err, errlen, "out of memory for a context of %d cells (%zu MiB)",
                           n_ctx, a.used >> 20);
     }
     a.used = 0;
@@ -1971,15 +1956,15 @@ int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos, float
 {
     const struct model_hp *hp = &c->m->hp;
     if (n <= 0)
-        return model_fail(err, errlen, "nothing to evaluate (%d tokens)", n);
+        return strata_errf(err, errlen, "nothing to evaluate (%d tokens)", n);
     if (pos < 0 || pos > c->n_past)
-        return model_fail(err, errlen, "position %d is past the %d cells in use", pos, c->n_past);
+        return strata_errf(err, errlen, "position %d is past the %d cells in use", pos, c->n_past);
     if (n > c->n_ctx - pos)
-        return model_fail(err, errlen, "context full: %d tokens at position %d exceed %d cells",
+        return strata_errf(err, errlen, "context full: %d tokens at position %d exceed %d cells",
                           n, pos, c->n_ctx);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return model_fail(err, errlen, "token id %" PRId32 " out of range (vocabulary of %d)",
+            return strata_errf(err, errlen, "token id %" PRId32 " out of range (vocabulary of %d)",
                               tokens[i], hp->n_vocab);
     c->n_past = pos;
     for (int done = 0; done < n;) {
@@ -2012,13 +1997,13 @@ struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, cha
 {
     struct strata *s = calloc(1, sizeof *s);
     if (!s) {
-        model_fail(err, errlen, "out of memory");
+        strata_errf(err, errlen, "out of memory");
         return NULL;
     }
     if (model_load(&s->m, model_path, err, errlen) != 0)
         goto fail;
     if (!s->m->tok) {
-        model_fail(err, errlen, "%s has no tokenizer", model_path);
+        strata_errf(err, errlen, "%s has no tokenizer", model_path);
         goto fail;
     }
     if (n_ctx <= 0)
@@ -2031,7 +2016,7 @@ struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, cha
     s->logits = malloc((size_t)s->m->hp.n_vocab * sizeof(float));
     s->hist = malloc((size_t)n_ctx * sizeof(int32_t));
     if (!s->pool || !s->logits || !s->hist) {
-        model_fail(err, errlen, "out of memory");
+        strata_errf(err, errlen, "out of memory");
         goto fail;
     }
     if (model_ctx_new(&s->c, s->m, n_ctx, KV_F16, s->pool, err, errlen) != 0)

@@ -15,9 +15,25 @@
 #ifndef STRATA_H
 #define STRATA_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+/* The error convention in one place: formats a one-line message into
+ * (err, errlen), when given, and returns -1. */
+static inline int strata_errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int strata_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
 
 /* ==== tensor types (the ggml type ids stored in GGUF tensor infos) ==== */
 

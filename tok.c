@@ -13,7 +13,6 @@
  */
 #include "strata.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,20 +198,6 @@ struct tok {
     int add_bos, add_eos, add_space_prefix, ignore_merges, clean_spaces;
     int32_t byte_tok[256];  /* SPM byte fallback per byte value, -1 if none */
 };
-
-static int tok_errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int tok_errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static size_t tok_len(const struct tok *t, int32_t id)
 {
@@ -434,7 +419,7 @@ static int tok_load_texts(struct tok *t, const struct gguf_kv *kv, char *err, si
     t->text_off = malloc(((size_t)n + 1) * sizeof *t->text_off);
     if (!s || !t->text_off) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer: out of memory for %d tokens", n);
+        return strata_errf(err, errlen, "tokenizer: out of memory for %d tokens", n);
     }
     gguf_arr_strs(kv, s);
     size_t total = 0;
@@ -442,12 +427,12 @@ static int tok_load_texts(struct tok *t, const struct gguf_kv *kv, char *err, si
         total += (s[i].len ? s[i].len : 24) + 1;
     if (total > UINT32_MAX) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer.ggml.tokens: %zu bytes is too large", total);
+        return strata_errf(err, errlen, "tokenizer.ggml.tokens: %zu bytes is too large", total);
     }
     t->text = malloc(total);
     if (!t->text) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer: out of memory for token texts");
+        return strata_errf(err, errlen, "tokenizer: out of memory for token texts");
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -462,11 +447,11 @@ static int tok_load_texts(struct tok *t, const struct gguf_kv *kv, char *err, si
     free(s);
 
     if (tok_map_init(&t->vocab, (size_t)n) != 0)
-        return tok_errf(err, errlen, "tokenizer: out of memory for the vocabulary map");
+        return strata_errf(err, errlen, "tokenizer: out of memory for the vocabulary map");
     for (int i = 0; i < n; i++) {
         int32_t other = tok_insert(t, i);
         if (other >= 0)
-            return tok_errf(err, errlen, "tokenizer: duplicate token '%s' has ids %d and %d",
+            return strata_errf(err, errlen, "tokenizer: duplicate token '%s' has ids %d and %d",
                             t->text + t->text_off[i], other, i);
     }
     return 0;
@@ -475,14 +460,14 @@ static int tok_load_texts(struct tok *t, const struct gguf_kv *kv, char *err, si
 static int tok_load_merges(struct tok *t, const struct gguf_kv *kv, char *err, size_t errlen)
 {
     if (kv->n > INT32_MAX - 1)
-        return tok_errf(err, errlen, "tokenizer.ggml.merges: %llu entries is too many",
+        return strata_errf(err, errlen, "tokenizer.ggml.merges: %llu entries is too many",
                         (unsigned long long)kv->n);
     int n = (int)kv->n;
     struct gguf_str *s = malloc((size_t)(n ? n : 1) * sizeof *s);
     t->merge_off = malloc(((size_t)n + 1) * sizeof *t->merge_off);
     if (!s || !t->merge_off) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer: out of memory for %d merges", n);
+        return strata_errf(err, errlen, "tokenizer: out of memory for %d merges", n);
     }
     gguf_arr_strs(kv, s);
     size_t total = 0;
@@ -490,12 +475,12 @@ static int tok_load_merges(struct tok *t, const struct gguf_kv *kv, char *err, s
         total += s[i].len + 1;
     if (total > UINT32_MAX) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer.ggml.merges: %zu bytes is too large", total);
+        return strata_errf(err, errlen, "tokenizer.ggml.merges: %zu bytes is too large", total);
     }
     t->merge = malloc(total ? total : 1);
     if (!t->merge || tok_map_init(&t->merges, (size_t)n) != 0) {
         free(s);
-        return tok_errf(err, errlen, "tokenizer: out of memory for the merges");
+        return strata_errf(err, errlen, "tokenizer: out of memory for the merges");
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -639,13 +624,13 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
 {
     struct gguf_str model;
     if (gguf_get_str(g, "tokenizer.ggml.model", &model) != 0)
-        return tok_errf(err, errlen, "tokenizer.ggml.model is missing");
+        return strata_errf(err, errlen, "tokenizer.ggml.model is missing");
     if (model.len == 5 && memcmp(model.ptr, "llama", 5) == 0)
         t->model = TOK_SPM;
     else if (model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0)
         t->model = TOK_BPE;
     else
-        return tok_errf(err, errlen, "unsupported tokenizer model '%.*s' (llama and gpt2 are)",
+        return strata_errf(err, errlen, "unsupported tokenizer model '%.*s' (llama and gpt2 are)",
                         (int)(model.len < 64 ? model.len : 64), model.ptr);
 
     if (t->model == TOK_SPM) {
@@ -661,7 +646,7 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
             if (strlen(tok_pre_names[i].name) == pre.len && memcmp(tok_pre_names[i].name, pre.ptr, pre.len) == 0)
                 p = &tok_pre_names[i];
         if (!p)
-            return tok_errf(err, errlen, "unsupported pre-tokenizer '%.*s'",
+            return strata_errf(err, errlen, "unsupported pre-tokenizer '%.*s'",
                             (int)(pre.len < 64 ? pre.len : 64), pre.ptr);
         memcpy(t->rx, p->rx, sizeof t->rx);
         t->ignore_merges = p->ignore_merges;
@@ -673,9 +658,9 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
 
     const struct gguf_kv *kv = gguf_find(g, "tokenizer.ggml.tokens");
     if (!kv || kv->type != GGUF_ARR || kv->arr_type != GGUF_STR)
-        return tok_errf(err, errlen, "tokenizer.ggml.tokens is missing or not a string array");
+        return strata_errf(err, errlen, "tokenizer.ggml.tokens is missing or not a string array");
     if (kv->n == 0 || kv->n > INT32_MAX - 1)
-        return tok_errf(err, errlen, "tokenizer.ggml.tokens: bad count %llu", (unsigned long long)kv->n);
+        return strata_errf(err, errlen, "tokenizer.ggml.tokens: bad count %llu", (unsigned long long)kv->n);
     t->n_vocab = (int)kv->n;
     if (tok_load_texts(t, kv, err, errlen) != 0)
         return -1;
@@ -684,22 +669,22 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
     t->score = calloc((size_t)n, sizeof *t->score);
     t->attr = malloc((size_t)n * sizeof *t->attr);
     if (!t->score || !t->attr)
-        return tok_errf(err, errlen, "tokenizer: out of memory");
+        return strata_errf(err, errlen, "tokenizer: out of memory");
     const struct gguf_kv *sc = gguf_find(g, "tokenizer.ggml.scores");
     if (sc) {
         if (sc->type != GGUF_ARR || (sc->arr_type != GGUF_F32 && sc->arr_type != GGUF_I32))
-            return tok_errf(err, errlen, "tokenizer.ggml.scores: not an f32 or i32 array");
+            return strata_errf(err, errlen, "tokenizer.ggml.scores: not an f32 or i32 array");
         if (sc->n < (uint64_t)n)
-            return tok_errf(err, errlen, "tokenizer.ggml.scores: %llu entries for %d tokens",
+            return strata_errf(err, errlen, "tokenizer.ggml.scores: %llu entries for %d tokens",
                             (unsigned long long)sc->n, n);
         for (int i = 0; i < n; i++)
             t->score[i] = gguf_arr_f32(sc, (uint64_t)i);
     }
     const struct gguf_kv *ty = gguf_find(g, "tokenizer.ggml.token_type");
     if (ty && (ty->type != GGUF_ARR || ty->arr_type != GGUF_I32))
-        return tok_errf(err, errlen, "tokenizer.ggml.token_type: not an i32 array");
+        return strata_errf(err, errlen, "tokenizer.ggml.token_type: not an i32 array");
     if (ty && ty->n < (uint64_t)n)
-        return tok_errf(err, errlen, "tokenizer.ggml.token_type: %llu entries for %d tokens",
+        return strata_errf(err, errlen, "tokenizer.ggml.token_type: %llu entries for %d tokens",
                         (unsigned long long)ty->n, n);
     static const uint16_t type_attr[7] = { 0, TOK_A_NORMAL, TOK_A_UNKNOWN, TOK_A_CONTROL,
                                            TOK_A_USER, TOK_A_UNUSED, TOK_A_BYTE };
@@ -711,9 +696,9 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
     if (t->model == TOK_BPE) {
         const struct gguf_kv *mk = gguf_find(g, "tokenizer.ggml.merges");
         if (!mk)
-            return tok_errf(err, errlen, "tokenizer.ggml.merges is missing");
+            return strata_errf(err, errlen, "tokenizer.ggml.merges is missing");
         if (mk->type != GGUF_ARR || mk->arr_type != GGUF_STR)
-            return tok_errf(err, errlen, "tokenizer.ggml.merges: not a string array");
+            return strata_errf(err, errlen, "tokenizer.ggml.merges: not a string array");
         if (tok_load_merges(t, mk, err, errlen) != 0)
             return -1;
     }
@@ -731,20 +716,20 @@ static int tok_load_inner(struct tok *t, const struct gguf *g, char *err, size_t
     tok_key_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     tok_key_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     if (t->add_bos && t->bos < 0)
-        return tok_errf(err, errlen, "tokenizer.ggml.add_bos_token is true, but there is no BOS token");
+        return strata_errf(err, errlen, "tokenizer.ggml.add_bos_token is true, but there is no BOS token");
     if (t->add_eos && t->eos < 0)
-        return tok_errf(err, errlen, "tokenizer.ggml.add_eos_token is true, but there is no EOS token");
+        return strata_errf(err, errlen, "tokenizer.ggml.add_eos_token is true, but there is no EOS token");
 
     tok_mark_special(t, g);
 
     t->special = malloc((size_t)n * sizeof *t->special);
     if (!t->special)
-        return tok_errf(err, errlen, "tokenizer: out of memory");
+        return strata_errf(err, errlen, "tokenizer: out of memory");
     for (int32_t id = 0; id < n; id++)
         if (t->attr[id] & (TOK_A_CONTROL | TOK_A_USER | TOK_A_UNKNOWN))
             t->special[t->n_special++] = id;
     if (tok_sort_special(t) != 0)
-        return tok_errf(err, errlen, "tokenizer: out of memory");
+        return strata_errf(err, errlen, "tokenizer: out of memory");
     tok_model_attrs(t, g);
 
     for (int b = 0; b < 256; b++) {
@@ -762,7 +747,7 @@ int tok_load(struct tok **out, const struct gguf *g, char *err, size_t errlen)
     *out = NULL;
     struct tok *t = calloc(1, sizeof *t);
     if (!t)
-        return tok_errf(err, errlen, "tokenizer: out of memory");
+        return strata_errf(err, errlen, "tokenizer: out of memory");
     if (tok_load_inner(t, g, err, errlen) != 0) {
         tok_free(t);
         return -1;
@@ -1571,7 +1556,7 @@ int32_t *tok_encode(const struct tok *t, const char *text, size_t len, int add_s
 {
     *n = 0;
     if (!text && len) {
-        tok_errf(err, errlen, "tok_encode: NULL text");
+        strata_errf(err, errlen, "tok_encode: NULL text");
         return NULL;
     }
     struct tok_ws w;
@@ -1604,7 +1589,7 @@ int32_t *tok_encode(const struct tok *t, const char *text, size_t len, int add_s
         *n = (int)w.n_ids;
         w.ids = NULL;
     } else {
-        tok_errf(err, errlen, "tok_encode: out of memory (%zu bytes of text)", len);
+        strata_errf(err, errlen, "tok_encode: out of memory (%zu bytes of text)", len);
     }
     tok_ws_free(&w);
     return ids;
