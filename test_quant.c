@@ -523,6 +523,63 @@ static void case_gemm(void)
     printf("     max |gemm - dot| / sum|w*a| = %.2e (n = %d)\n", worst, n);
 }
 
+/* The two-step form the model uses: activations packed in two separate group
+ * ranges (as two threads would), then row slices multiplied one by one, each
+ * element checked against the scalar dot. */
+static void case_gemm_packed(void)
+{
+    if (!test_begin("quant/gemm-packed-slices"))
+        return;
+    static const int types[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q4_K, QT_Q6_K, QT_IQ4_XS};
+    const int nw = 23, na = 37, cut = 9; /* odd sizes: tile remainders everywhere */
+    unsigned st = 7;
+    double worst = 0;
+    int tiled = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        int qt = types[ti];
+        const struct quant_type *t = quant_type(qt);
+        int n = t->blck == 256 ? 512 : 256;
+        if (!quant_gemm_tiled(qt, n, na))
+            continue;
+        tiled++;
+        size_t rbw = quant_row_bytes(qt, n), rba = quant_row_bytes(t->dot_type, n);
+        uint8_t *w = malloc(rbw * nw), *a = malloc(rba * na);
+        for (int i = 0; i < nw; i++) {
+            void *r = random_row(qt, n, &st);
+            memcpy(w + i * rbw, r, rbw);
+            free(r);
+        }
+        for (int j = 0; j < na; j++) {
+            void *r = random_act(qt, n, &st);
+            memcpy(a + j * rba, r, rba);
+            free(r);
+        }
+        size_t pb = quant_pack_bytes(t->dot_type, n, na), sb = quant_gemm_scratch(qt, n);
+        void *pack = aligned_alloc(64, (pb + 63) / 64 * 64), *scratch = aligned_alloc(64, (sb + 63) / 64 * 64 + 64);
+        float *y = malloc(sizeof *y * nw * na);
+        for (int k = 0; k < nw * na; k++)
+            y[k] = -12345.f;
+        int groups = (na + 15) / 16;
+        quant_pack(t->dot_type, n, a, rba, na, 0, 1, pack);
+        quant_pack(t->dot_type, n, a, rba, na, 1, groups, pack);
+        quant_gemm_packed(qt, n, w, rbw, cut, pack, na, y, nw, scratch);
+        quant_gemm_packed(qt, n, w + cut * rbw, rbw, nw - cut, pack, na, y + cut, nw, scratch);
+        for (int j = 0; j < na; j++)
+            for (int i = 0; i < nw; i++) {
+                float ref, got = y[j * nw + i];
+                t->dot_scalar(n, &ref, w + i * rbw, a + j * rba);
+                double rel = fabs((double)got - ref) / fmax(dot_magnitude(t, w + i * rbw, a + j * rba, n), 1e-30);
+                worst = fmax(worst, rel);
+                if (!CHECK(rel <= 1e-6, "%s (%d,%d): %g vs %g", t->name, i, j, got, ref))
+                    goto next;
+            }
+    next:
+        free(w), free(a), free(pack), free(scratch), free(y);
+    }
+    CHECK(tiled >= 1 || strcmp(quant_simd_name(), "scalar") == 0, "no type took the tiled path");
+    printf("     %d tiled types, max |packed - dot| / sum|w*a| = %.2e\n", tiled, worst);
+}
+
 void test_quant(void)
 {
     case_f16();
@@ -530,4 +587,5 @@ void test_quant(void)
     case_simd();
     case_roundtrip();
     case_gemm();
+    case_gemm_packed();
 }
