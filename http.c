@@ -12,6 +12,8 @@
  */
 #include "strata.h"
 
+#include <stddef.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -711,34 +713,24 @@ static int parse_sampling(struct server *s, const struct json *b, struct gen *g,
         g->sp.seed = random_u64();
     g->n_predict = -1;
     g->cache_prompt = 1;
-    if ((rc = f_num(b, "temperature", -1e9, 1e9, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.temp = (float)v;
+    static const struct { const char *key; double lo, hi; size_t off; } floats[] = {
+        { "temperature", -1e9, 1e9, offsetof(struct sample_params, temp) },
+        { "top_p", 0, 1, offsetof(struct sample_params, top_p) },
+        { "min_p", 0, 1, offsetof(struct sample_params, min_p) },
+        { "presence_penalty", -2, 2, offsetof(struct sample_params, presence_penalty) },
+        { "frequency_penalty", -2, 2, offsetof(struct sample_params, frequency_penalty) },
+        { "repeat_penalty", 0, 1e9, offsetof(struct sample_params, repeat_penalty) },
+    };
+    for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++) {
+        if ((rc = f_num(b, floats[k].key, floats[k].lo, floats[k].hi, &v, err, errlen)) < 0)
+            return -1;
+        if (rc)
+            *(float *)((char *)&g->sp + floats[k].off) = (float)v;
+    }
     if ((rc = f_int(b, "top_k", -1e9, 1e9, &v, err, errlen)) < 0)
         return -1;
     if (rc)
         g->sp.top_k = (int)v;
-    if ((rc = f_num(b, "top_p", 0, 1, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.top_p = (float)v;
-    if ((rc = f_num(b, "min_p", 0, 1, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.min_p = (float)v;
-    if ((rc = f_num(b, "presence_penalty", -2, 2, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.presence_penalty = (float)v;
-    if ((rc = f_num(b, "frequency_penalty", -2, 2, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.frequency_penalty = (float)v;
-    if ((rc = f_num(b, "repeat_penalty", 0, 1e9, &v, err, errlen)) < 0)
-        return -1;
-    if (rc)
-        g->sp.repeat_penalty = (float)v;
     if ((rc = f_int(b, "repeat_last_n", -1, 1 << 24, &v, err, errlen)) < 0)
         return -1;
     if (rc)
