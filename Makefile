@@ -46,6 +46,16 @@ $(B)/%.o: %.c | $(B)
 $(B):
 	mkdir -p $@
 
+# Fuzz the GGUF reader and the JSON parser with libFuzzer (clang), for
+# FUZZ_SECONDS (default 60) from the test files as the starting corpus.
+FUZZ_SECONDS ?= 60
+fuzz: | $(B)
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+	  -o $(B)/fuzz fuzz.c gguf.c json.c -lm
+	mkdir -p $(B)/fuzz-corpus
+	cp -n ../shared/testdata/quant/*.gguf demo/reference.json $(B)/fuzz-corpus/ 2>/dev/null || true
+	./$(B)/fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(B)/fuzz-corpus
+
 # Remove every build output.
 clean:
 	rm -rf build build-portable strata
@@ -62,5 +72,5 @@ run: strata
 	@./strata generate -m demo/strata-demo-Q8_0.gguf -p "$(DEMO_PROMPT)" -n 200 --seed 2 \
 	  2>build/run.log; rc=$$?; echo; cat build/run.log >&2; exit $$rc
 
-.PHONY: strata test test-slow clean help run
+.PHONY: strata test test-slow fuzz clean help run
 -include $(wildcard $(B)/*.d)
