@@ -46,9 +46,9 @@ $(B)/%.o: %.c | $(B)
 $(B):
 	mkdir -p $@
 
-# Fuzz the GGUF reader and the JSON parser with libFuzzer (clang), for
-# FUZZ_SECONDS (default 60) from the test files as the starting corpus.
 FUZZ_SECONDS ?= 60
+# Fuzz the GGUF reader and the JSON parser with libFuzzer (clang) for
+# FUZZ_SECONDS (default 60), starting from the test files.
 fuzz: | $(B)
 	clang -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
 	  -o $(B)/fuzz fuzz.c gguf.c json.c -lm
@@ -62,7 +62,8 @@ clean:
 
 # List the targets.
 help:
-	@grep -B1 -E '^[a-z-]+:' Makefile | grep -E '^#' | sed 's/^# //'
+	@awk '/^# /{c = c ? c " " substr($$0, 3) : substr($$0, 3); next} \
+	  /^[a-z-]+:/{if (c) printf "  %-10s %s\n", substr($$1, 1, length($$1) - 1), c} {c = ""}' Makefile
 
 DEMO_PROMPT := It was a cold morning in November, and
 
