@@ -337,29 +337,27 @@ int gguf_open(struct gguf *g, const char *path, char *err, size_t errlen)
     memset(g, 0, sizeof *g);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s", strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
+        snprintf(err, errlen, "not a regular file");
         close(fd);
         return -1;
     }
     if (st.st_size == 0) {
-        snprintf(err, errlen, "%s: empty file", path);
+        snprintf(err, errlen, "empty file");
         close(fd);
         return -1;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
-        snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
+        snprintf(err, errlen, "mmap: %s", strerror(errno));
         return -1;
     }
-    char msg[256];
-    if (gguf_parse(g, p, (size_t)st.st_size, msg, sizeof msg) != 0) {
-        snprintf(err, errlen, "%s: %s", path, msg);
+    if (gguf_parse(g, p, (size_t)st.st_size, err, errlen) != 0) {
         munmap(p, (size_t)st.st_size);
         return -1;
     }

@@ -96,7 +96,8 @@ struct gguf {
     int mapped;                   /* base is an mmap owned by this struct */
 };
 
-/* Maps and validates `path`. On error nothing stays open. */
+/* Maps and validates `path`. On error nothing stays open; the message does
+ * not repeat the path (the caller names the file). */
 int gguf_open(struct gguf *g, const char *path, char *err, size_t errlen);
 /* Validates a GGUF image in memory; g borrows buf (the caller keeps it alive). */
 int gguf_parse(struct gguf *g, const void *buf, size_t size, char *err, size_t errlen);

@@ -360,7 +360,7 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
     if (vocab) {
         char msg[256];
         if (gguf_open(&voc, vocab, msg, sizeof msg) != 0) {
-            snprintf(err, errlen, "synth: vocabulary: %s", msg);
+            snprintf(err, errlen, "synth: vocabulary %s: %s", vocab, msg);
             return -1;
         }
         const struct gguf_kv *toks = gguf_find(&voc, "tokenizer.ggml.tokens");

@@ -254,7 +254,7 @@ static void case_reference_files(void)
             snprintf(file, sizeof file, "%s%s", path, e->d_name);
             struct gguf g;
             char err[512];
-            if (CHECK(gguf_open(&g, file, err, sizeof err) == 0, "%s", err)) {
+            if (CHECK(gguf_open(&g, file, err, sizeof err) == 0, "%s: %s", file, err)) {
                 CHECK(gguf_find(&g, "general.architecture") != NULL, "%s: no architecture", file);
                 n_files++;
                 gguf_close(&g);
