@@ -461,18 +461,38 @@ struct req {
     int chunked;               /* a stream may use chunked encoding (HTTP/1.1) */
 };
 
-static int send_all(int fd, const char *p, size_t n)
+/* Sends every byte of iov[0..cnt), resuming after short writes. */
+static int send_iov(int fd, struct iovec *iov, int cnt)
 {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    size_t left = 0;
+    for (int k = 0; k < cnt; k++)
+        left += iov[k].iov_len;
+    int at = 0;
+    while (left > 0) {
+        struct msghdr msg = { .msg_iov = iov + at, .msg_iovlen = (size_t)(cnt - at) };
+        ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
             return -1;
-        p += w;
-        n -= (size_t)w;
+        left -= (size_t)w;
+        while (at < cnt && (size_t)w >= iov[at].iov_len) {
+            w -= (ssize_t)iov[at].iov_len;
+            iov[at].iov_len = 0;
+            at++;
+        }
+        if (at < cnt) {
+            iov[at].iov_base = (char *)iov[at].iov_base + w;
+            iov[at].iov_len -= (size_t)w;
+        }
     }
     return 0;
+}
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    struct iovec v = { (void *)p, n };
+    return send_iov(fd, &v, 1);
 }
 
 static const char *status_text(int status)
@@ -522,27 +542,7 @@ static int respond(struct req *r, int status, const char *ctype, const char *bod
     if (hn < 0 || (size_t)hn >= sizeof head)
         return -1;
     struct iovec iov[2] = { { head, (size_t)hn }, { (void *)body, r->head_only ? 0 : n } };
-    size_t left = (size_t)hn + iov[1].iov_len;
-    int at = 0;
-    while (left > 0) {
-        struct msghdr msg = { .msg_iov = iov + at, .msg_iovlen = (size_t)(2 - at) };
-        ssize_t w = sendmsg(r->c->fd, &msg, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        left -= (size_t)w;
-        while (at < 2 && (size_t)w >= iov[at].iov_len) {
-            w -= (ssize_t)iov[at].iov_len;
-            iov[at].iov_len = 0;
-            at++;
-        }
-        if (at < 2) {
-            iov[at].iov_base = (char *)iov[at].iov_base + w;
-            iov[at].iov_len -= (size_t)w;
-        }
-    }
-    return 0;
+    return send_iov(r->c->fd, iov, 2);
 }
 
 static void put_error(FILE *f, int status, const char *type, const char *msg)
@@ -1329,27 +1329,9 @@ static int sse_send(struct sse *e, const char *data, size_t n)
     int pn = e->r->chunked ? snprintf(pre, sizeof pre, "%zx\r\ndata: ", n + 8) : snprintf(pre, sizeof pre, "data: ");
     const char *post = e->r->chunked ? "\n\n\r\n" : "\n\n";
     struct iovec iov[3] = { { pre, (size_t)pn }, { (void *)data, n }, { (void *)post, strlen(post) } };
-    size_t left = iov[0].iov_len + iov[1].iov_len + iov[2].iov_len;
-    int at = 0;
-    while (left > 0) {
-        struct msghdr msg = { .msg_iov = iov + at, .msg_iovlen = (size_t)(3 - at) };
-        ssize_t w = sendmsg(e->r->c->fd, &msg, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            e->failed = 1;
-            return -1;
-        }
-        left -= (size_t)w;
-        while (at < 3 && (size_t)w >= iov[at].iov_len) {
-            w -= (ssize_t)iov[at].iov_len;
-            iov[at].iov_len = 0;
-            at++;
-        }
-        if (at < 3) {
-            iov[at].iov_base = (char *)iov[at].iov_base + w;
-            iov[at].iov_len -= (size_t)w;
-        }
+    if (send_iov(e->r->c->fd, iov, 3) != 0) {
+        e->failed = 1;
+        return -1;
     }
     return 0;
 }
