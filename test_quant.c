@@ -344,6 +344,20 @@ static void *random_act(int qtype, int n, unsigned *st)
     return q;
 }
 
+/* rows random weight rows (act: activation rows in qtype's dot type) of n
+ * elements, ld bytes apart, in one malloc'd buffer. */
+static uint8_t *random_rows(int act, int qtype, int n, int rows, size_t ld, unsigned *st)
+{
+    size_t rb = quant_row_bytes(act ? quant_type(qtype)->dot_type : qtype, n);
+    uint8_t *m = malloc(ld * (size_t)rows);
+    for (int i = 0; i < rows; i++) {
+        void *r = act ? random_act(qtype, n, st) : random_row(qtype, n, st);
+        memcpy(m + (size_t)i * ld, r, rb);
+        free(r);
+    }
+    return m;
+}
+
 static void case_simd(void)
 {
     if (!test_begin("quant/simd-vs-scalar"))
@@ -437,17 +451,7 @@ static void case_gemm(void)
         size_t rbw = quant_row_bytes(qt, n), rba = quant_row_bytes(t->dot_type, n);
         size_t ldw = rbw + (ti % 2) * 2, lda = rba + 4; /* odd strides on purpose */
         int maxw = 64, maxa = 64;
-        uint8_t *w = malloc(ldw * maxw), *a = malloc(lda * maxa);
-        for (int i = 0; i < maxw; i++) {
-            void *r = random_row(qt, n, &st);
-            memcpy(w + i * ldw, r, rbw);
-            free(r);
-        }
-        for (int j = 0; j < maxa; j++) {
-            void *r = random_act(qt, n, &st);
-            memcpy(a + j * lda, r, rba);
-            free(r);
-        }
+        uint8_t *w = random_rows(0, qt, n, maxw, ldw, &st), *a = random_rows(1, qt, n, maxa, lda, &st);
         for (size_t iw = 0; iw < sizeof nws / sizeof *nws; iw++)
             for (size_t ia = 0; ia < sizeof nas / sizeof *nas; ia++) {
                 int nw = nws[iw], na = nas[ia];
@@ -492,18 +496,8 @@ static void case_gemm(void)
         int qt = long_types[ti];
         const struct quant_type *t = quant_type(qt);
         size_t rbw = quant_row_bytes(qt, n), rba = quant_row_bytes(t->dot_type, n);
-        uint8_t *w = malloc(rbw * nw), *a = malloc(rba * na);
+        uint8_t *w = random_rows(0, qt, n, nw, rbw, &st), *a = random_rows(1, qt, n, na, rba, &st);
         float *y = malloc(sizeof *y * nw * na);
-        for (int i = 0; i < nw; i++) {
-            void *r = random_row(qt, n, &st);
-            memcpy(w + i * rbw, r, rbw);
-            free(r);
-        }
-        for (int j = 0; j < na; j++) {
-            void *r = random_act(qt, n, &st);
-            memcpy(a + j * rba, r, rba);
-            free(r);
-        }
         quant_gemm(qt, n, w, rbw, nw, a, rba, na, y, nw);
         int bad = 0;
         for (int j = 0; j < na; j++)
@@ -543,17 +537,7 @@ static void case_gemm_packed(void)
             continue;
         tiled++;
         size_t rbw = quant_row_bytes(qt, n), rba = quant_row_bytes(t->dot_type, n);
-        uint8_t *w = malloc(rbw * nw), *a = malloc(rba * na);
-        for (int i = 0; i < nw; i++) {
-            void *r = random_row(qt, n, &st);
-            memcpy(w + i * rbw, r, rbw);
-            free(r);
-        }
-        for (int j = 0; j < na; j++) {
-            void *r = random_act(qt, n, &st);
-            memcpy(a + j * rba, r, rba);
-            free(r);
-        }
+        uint8_t *w = random_rows(0, qt, n, nw, rbw, &st), *a = random_rows(1, qt, n, na, rba, &st);
         size_t pb = quant_pack_bytes(t->dot_type, n, na), sb = quant_gemm_scratch(qt, n);
         void *pack = aligned_alloc(64, (pb + 63) / 64 * 64), *scratch = aligned_alloc(64, (sb + 63) / 64 * 64 + 64);
         float *y = malloc(sizeof *y * nw * na);
