@@ -19,15 +19,58 @@ else
   B := build
 endif
 
+# GPU=cuda / GPU=hip (what `make cuda` / `make hip` set): the GPU backend's
+# objects replace gpu_none.c, in a build folder of their own.
+NVCC      ?= nvcc
+HIPCC     ?= hipcc
+CUDA_ARCH ?= 75 80 86 89 90
+HIP_ARCH  ?= gfx1030 gfx90a
+GPU_SRC   := gpu.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip
+ifeq ($(GPU),cuda)
+  B := $(B)-cuda
+  GPU_OBJ := $(GPU_SRC:%=$(B)/%.o)
+  # machine code for each CUDA_ARCH, and PTX of the newest for later cards;
+  # the runtime linked statically, so the binary starts without a driver
+  GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+    -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
+    -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -D_GNU_SOURCE
+  GPU_COMPILE = $(NVCC) $(GPU_FLAGS) -x cu -c -o $@ $<
+  LINK := $(NVCC) -cudart static
+  LINK_FLAGS := -O2
+else ifeq ($(GPU),hip)
+  B := $(B)-hip
+  GPU_OBJ := $(GPU_SRC:%=$(B)/%.o)
+  GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -Wall -Wextra -Werror -D_GNU_SOURCE
+  GPU_COMPILE = $(HIPCC) $(GPU_FLAGS) -x hip -c -o $@ $<
+  LINK := $(HIPCC)
+  LINK_FLAGS := -O2
+else ifeq ($(GPU),)
+  GPU_OBJ := $(B)/gpu_none.o
+  LINK := $(CC)
+  LINK_FLAGS = $(CFLAGS)
+else
+  $(error GPU must be cuda, hip or unset, not '$(GPU)')
+endif
+
 LIB_SRC  := gguf.c quant.c quant_gemm.c tok.c pool.c model.c sample.c json.c synth.c kv.c attn.c chat.c sched.c http.c
 TEST_SRC := test.c $(sort $(wildcard test_*.c))
-LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o) $(GPU_OBJ)
 TEST_OBJ := $(TEST_SRC:%.c=$(B)/%.o)
 
 # The command-line program (default target); relinked every time, so it
-# always matches the PORTABLE setting of this call.
+# always matches the PORTABLE and GPU settings of this call.
 strata: $(LIB_OBJ) $(B)/strata.o
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(LINK) $(LINK_FLAGS) -o $@ $^ $(LDLIBS)
+
+# Strata with the CUDA backend (nvcc; CUDA_ARCH="75 80 86 89 90" by default,
+# CUDA_ARCH=90 for a quick build). `make test GPU=cuda` runs its tests.
+cuda:
+	$(MAKE) GPU=cuda strata
+
+# Strata with the HIP backend for AMD GPUs (hipcc; HIP_ARCH="gfx1030 gfx90a"
+# by default). `make test GPU=hip` runs its tests.
+hip:
+	$(MAKE) GPU=hip strata
 
 # Build and run the test runner (the README's test command).
 test: $(B)/test strata
@@ -38,10 +81,16 @@ test-slow: $(B)/test strata
 	STRATA_SLOW=1 ./$(B)/test
 
 $(B)/test: $(LIB_OBJ) $(TEST_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(LINK) $(LINK_FLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/%.o: %.c | $(B)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/%.cu.o: %.cu $(wildcard gpu*.h) strata.h | $(B)
+	$(GPU_COMPILE)
+
+$(B)/%.hip.o: %.hip $(wildcard gpu*.h) strata.h | $(B)
+	$(GPU_COMPILE)
 
 $(B):
 	mkdir -p $@
@@ -58,7 +107,7 @@ fuzz: | $(B)
 
 # Remove every build output.
 clean:
-	rm -rf build build-portable strata
+	rm -rf build build-portable build-cuda build-portable-cuda build-hip build-portable-hip strata
 
 # List the targets.
 help:
@@ -73,5 +122,5 @@ run: strata
 	@./strata generate -m demo/strata-demo-Q8_0.gguf -p "$(DEMO_PROMPT)" -n 200 --seed 2 \
 	  2>build/run.log; rc=$$?; echo; cat build/run.log >&2; exit $$rc
 
-.PHONY: strata test test-slow fuzz clean help run
+.PHONY: strata cuda hip test test-slow fuzz clean help run
 -include $(wildcard $(B)/*.d)

@@ -471,7 +471,8 @@ int kv_new(struct kv **out, const struct kv_config *cfg_in, char *err, size_t er
     size_t o_pt = (o_seq + (size_t)cfg.n_seq * sizeof(struct kv_seq) + 7) & ~(size_t)7;
     size_t meta_bytes = o_pt + (size_t)cfg.n_seq * max_pages * sizeof(int32_t);
     kv->meta = calloc(1, meta_bytes);
-    kv->data = aligned_alloc(64, page_bytes * (size_t)n_pages);
+    kv->data = cfg.mem ? cfg.mem->alloc(cfg.mem->user, page_bytes * (size_t)n_pages)
+                       : aligned_alloc(64, page_bytes * (size_t)n_pages);
     if (!kv->meta || !kv->data) {
         kv_free(kv);
         return strata_errf(err, errlen, "KV cache: cannot allocate %.1f MiB for %lld pages",
@@ -498,7 +499,10 @@ void kv_free(struct kv *kv)
 {
     if (!kv)
         return;
-    free(kv->data);
+    if (kv->cfg.mem && kv->data)
+        kv->cfg.mem->free(kv->cfg.mem->user, kv->data);
+    else
+        free(kv->data);
     free(kv->meta);
     free(kv);
 }
@@ -506,6 +510,22 @@ void kv_free(struct kv *kv)
 const struct kv_config *kv_cfg(const struct kv *kv)
 {
     return &kv->cfg;
+}
+
+void kv_layout(const struct kv *kv, struct kv_layout *lo)
+{
+    lo->data = kv->data;
+    lo->page_bytes = kv->page_bytes;
+    lo->kbytes = kv->kbytes;
+    lo->vbytes = kv->vbytes;
+    lo->P = kv->P;
+    lo->n_pages = kv->n_pages;
+    lo->max_pages = kv->max_pages;
+}
+
+const int32_t *kv_page_table(const struct kv *kv, int seq)
+{
+    return kv->seq[seq].pt;
 }
 
 void kv_stats(const struct kv *kv, struct kv_stats *s)
@@ -602,8 +622,11 @@ int kv_append(struct kv *kv, int seq, const int32_t *tokens, int n, char *err, s
     if (cow) {
         /* the first write into a shared page: this sequence gets its own copy */
         int old = s->pt[have - 1], p = kv_take(kv);
-        memcpy(kv->data + (size_t)p * kv->page_bytes, kv->data + (size_t)old * kv->page_bytes,
-               kv->page_bytes);
+        uint8_t *dst = kv->data + (size_t)p * kv->page_bytes, *src = kv->data + (size_t)old * kv->page_bytes;
+        if (kv->cfg.mem)
+            kv->cfg.mem->copy(kv->cfg.mem->user, dst, src, kv->page_bytes);
+        else
+            memcpy(dst, src, kv->page_bytes);
         memcpy(kv->tok + (size_t)p * P, kv->tok + (size_t)old * P, (size_t)P * 4);
         s->pt[have - 1] = p;
         kv_unref(kv, old);

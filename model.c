@@ -36,38 +36,17 @@
 
 /* ==== the model: weights bound to tensors of the mapping ==== */
 
-/* A weight matrix (or a stack of X expert matrices): rows of n elements. */
-struct mat {
-    const uint8_t *data;  /* (X, rows, ldw bytes) */
-    int type;             /* enum qtype */
-    int n, rows;
-    size_t ldw;           /* bytes per row */
-    size_t stride;        /* bytes per expert matrix */
-};
-
-struct layer {
-    const float *attn_norm;           /* (D) */
-    struct mat wq, wk, wv, wo;        /* D→H*E, D→K*E, D→K*E, H*E→D */
-    const float *bq, *bk, *bv, *bo;   /* (H*E), (K*E), (K*E), (D); optional */
-    const float *q_norm, *k_norm;     /* (E) per-head RMSNorm weights (qwen3) */
-    const float *ffn_norm;            /* (D) */
-    struct mat gate, up, down;        /* dense SwiGLU: D→F, D→F, F→D */
-    struct mat gate_inp;              /* MoE router: D→X */
-    struct mat gate_exps, up_exps, down_exps; /* X × (D→Fe), X × (D→Fe), X × (Fe→D) */
-    int moe;
-};
-
 struct model {
     struct gguf g;
     struct model_hp hp;
     struct tok *tok;              /* NULL when the file has no tokenizer */
-    struct mat tok_embd;          /* (V, D) */
-    struct mat output;            /* (V, D): tok_embd when tied */
+    struct model_mat tok_embd;          /* (V, D) */
+    struct model_mat output;            /* (V, D): tok_embd when tied */
     const float *output_norm;     /* (D) */
     const float *output_b;        /* (V) optional */
     const float *rope_freqs;      /* (n_rot/2) optional frequency divisors */
     float freq_scale;             /* 1 / rope.scaling.factor for linear scaling */
-    struct layer *layers;         /* (n_layer) */
+    struct model_layer *layers;         /* (n_layer) */
     float *vecs;                  /* F32 copies of the non-F32 1-D tensors */
     size_t vecs_used, vecs_cap;   /* floats */
     size_t max_act_row;           /* bytes of the widest activation row in any dot type */
@@ -170,7 +149,7 @@ static const struct gguf_tensor *ld_tensor(struct loader *L, const char *name, c
 
 /* Binds a matrix {n, rows} (n_exp > 0: {n, rows, n_exp}). Returns 0 when
  * bound, 1 when optional and absent, -1 on error. */
-static int ld_mat(struct loader *L, struct mat *w, const char *name, int64_t n, int64_t rows,
+static int ld_mat(struct loader *L, struct model_mat *w, const char *name, int64_t n, int64_t rows,
                   int64_t n_exp, int required)
 {
     int failed = 0;
@@ -316,7 +295,7 @@ static int ld_vec_arena(struct model *m, char *err, size_t errlen)
     return 0;
 }
 
-static void note_act(struct model *m, const struct mat *w, int width)
+static void note_act(struct model *m, const struct model_mat *w, int width)
 {
     if (!w->data)
         return;
@@ -337,7 +316,7 @@ static int ld_layer(struct loader *L, int il)
 {
     struct model *m = L->m;
     const struct model_hp *hp = &m->hp;
-    struct layer *ly = &m->layers[il];
+    struct model_layer *ly = &m->layers[il];
     int64_t D = hp->n_embd, E = hp->head_dim, HE = (int64_t)hp->n_head * E, KE = (int64_t)hp->n_head_kv * E;
     char n[GGUF_NAME_MAX + 32];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
@@ -346,7 +325,7 @@ static int ld_layer(struct loader *L, int il)
     if (r < 0) return -1;
     if (r == 1) {
         /* fused Q|K|V rows: three row ranges of one matrix */
-        struct mat qkv;
+        struct model_mat qkv;
         if (ld_mat(L, &qkv, NAME("attn_qkv.weight"), D, HE + 2 * KE, 0, 1)) {
             if (!gguf_tensor(&m->g, n))
                 strata_errf(L->err, L->errlen, "missing tensor 'blk.%d.attn_q.weight'", il);
@@ -476,6 +455,17 @@ void model_free(struct model *m)
 }
 
 const struct model_hp *model_hp(const struct model *m) { return &m->hp; }
+
+void model_weights(const struct model *m, struct model_weights *w)
+{
+    w->tok_embd = m->tok_embd;
+    w->output = m->output;
+    w->output_norm = m->output_norm;
+    w->output_b = m->output_b;
+    w->rope_freqs = m->rope_freqs;
+    w->freq_scale = m->freq_scale;
+    w->layers = m->layers;
+}
 const struct tok *model_tok(const struct model *m) { return m->tok; }
 const struct gguf *model_gguf(const struct model *m) { return &m->g; }
 
@@ -487,14 +477,14 @@ size_t model_weight_bytes(const struct model *m)
     return n;
 }
 
-static size_t mat_bytes(const struct mat *w) { return w->data ? w->stride : 0; }
+static size_t mat_bytes(const struct model_mat *w) { return w->data ? w->stride : 0; }
 
 size_t model_decode_bytes(const struct model *m)
 {
     const struct model_hp *hp = &m->hp;
     size_t n = mat_bytes(&m->output) + m->tok_embd.ldw;
     for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *ly = &m->layers[il];
+        const struct model_layer *ly = &m->layers[il];
         n += mat_bytes(&ly->wq) + mat_bytes(&ly->wk) + mat_bytes(&ly->wv) + mat_bytes(&ly->wo);
         if (ly->moe)
             n += mat_bytes(&ly->gate_inp) + (size_t)hp->n_expert_used *
@@ -912,7 +902,7 @@ static void mm_run(struct model_ctx *c, const struct mm_job *jobs, int n_jobs)
 }
 
 /* A job multiplying expert e of w by the current input (act_begin). */
-static struct mm_job mm_job(struct model_ctx *c, const struct mat *w, int e, float *y, size_t ldy)
+static struct mm_job mm_job(struct model_ctx *c, const struct model_mat *w, int e, float *y, size_t ldy)
 {
     struct mm_job j = {w->data + (size_t)e * w->stride, w->type, w->n, w->rows, w->ldw,
                        NULL, 0, c->act_T, y, ldy, NULL};
@@ -1222,7 +1212,7 @@ static void rope_apply(const struct model_ctx *c, float *x, int n_heads, const f
 static void qkv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
 {
     (void)ith;
-    const struct layer *ly = p;
+    const struct model_layer *ly = p;
     const struct model_hp *hp = &c->m->hp;
     int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv;
     for (int t = r0; t < r1; t++) {
@@ -1729,7 +1719,7 @@ static void attn_forward(struct model_ctx *c, int layer, int T, int pos, int q0)
 /* ==== one forward pass over a chunk ==== */
 
 /* c->xn (n, D) ← SwiGLU FFN of the normed rows c->xn. */
-static void ffn_dense(struct model_ctx *c, const struct layer *ly, int n)
+static void ffn_dense(struct model_ctx *c, const struct model_layer *ly, int n)
 {
     const struct model_hp *hp = &c->m->hp;
     int F = hp->n_ff;
@@ -1815,7 +1805,7 @@ static const void *moe_gather(struct model_ctx *c, int n, int dt, size_t *lda)
 }
 
 /* Jobs multiplying each used expert of w by its gathered rows of a. */
-static int moe_jobs(struct model_ctx *c, const struct mat *w, const uint8_t *a, size_t lda,
+static int moe_jobs(struct model_ctx *c, const struct model_mat *w, const uint8_t *a, size_t lda,
                     float *y, size_t ldy, struct mm_job *jobs)
 {
     int nj = 0;
@@ -1831,7 +1821,7 @@ static int moe_jobs(struct model_ctx *c, const struct mat *w, const uint8_t *a, 
 }
 
 /* x (n, D) += MoE FFN of the normed rows c->xn. */
-static void ffn_moe(struct model_ctx *c, const struct layer *ly, float *x, int n)
+static void ffn_moe(struct model_ctx *c, const struct model_layer *ly, float *x, int n)
 {
     const struct model_hp *hp = &c->m->hp;
     int D = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used, Fe = hp->n_ff_exp;
@@ -1881,7 +1871,7 @@ static void embed_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
 {
     (void)ith;
     const int32_t *tokens = p;
-    const struct mat *w = &c->m->tok_embd;
+    const struct model_mat *w = &c->m->tok_embd;
     const struct quant_type *qt = quant_type(w->type);
     for (int t = r0; t < r1; t++)
         qt->to_f32(w->data + (size_t)tokens[t] * w->ldw, c->x + (size_t)t * w->n, w->n);
@@ -1892,7 +1882,7 @@ static void embed_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
 static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
 {
     const struct model_hp *hp = &c->m->hp;
-    const struct layer *ly = &c->m->layers[il];
+    const struct model_layer *ly = &c->m->layers[il];
     int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
 
     struct norm_arg na = {c->x, c->xn, ly->attn_norm};

@@ -20,6 +20,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" { /* the GPU files (.cu, .hip) are compiled as C++ */
+#endif
+
 /* The error convention in one place: formats a one-line message into
  * (err, errlen), when given, and returns -1. */
 static inline int strata_errf(char *err, size_t errlen, const char *fmt, ...)
@@ -288,6 +292,39 @@ struct model_hp {
     float rope_base, rms_eps;
 };
 
+/* A weight matrix (or a stack of X expert matrices): rows of n elements. */
+struct model_mat {
+    const uint8_t *data;  /* (X, rows, ldw bytes) */
+    int type;             /* enum qtype */
+    int n, rows;
+    size_t ldw;           /* bytes per row */
+    size_t stride;        /* bytes per expert matrix */
+};
+
+struct model_layer {
+    const float *attn_norm;           /* (D) */
+    struct model_mat wq, wk, wv, wo;  /* D→H*E, D→K*E, D→K*E, H*E→D */
+    const float *bq, *bk, *bv, *bo;   /* (H*E), (K*E), (K*E), (D); optional */
+    const float *q_norm, *k_norm;     /* (E) per-head RMSNorm weights (qwen3) */
+    const float *ffn_norm;            /* (D) */
+    struct model_mat gate, up, down;  /* dense SwiGLU: D→F, D→F, F→D */
+    struct model_mat gate_inp;        /* MoE router: D→X */
+    struct model_mat gate_exps, up_exps, down_exps; /* X × (D→Fe), X × (D→Fe), X × (Fe→D) */
+    int moe;
+};
+
+/* The weights as loaded, for backends that copy them (gpu.cu): matrices
+ * point into the file's mapping; 1-D vectors are F32. */
+struct model_weights {
+    struct model_mat tok_embd;    /* (V, D) */
+    struct model_mat output;      /* (V, D): tok_embd when tied */
+    const float *output_norm;     /* (D) */
+    const float *output_b;        /* (V) optional */
+    const float *rope_freqs;      /* (n_rot/2) optional frequency divisors */
+    float freq_scale;             /* 1 / rope.scaling.factor for linear scaling */
+    const struct model_layer *layers; /* (n_layer) */
+};
+
 struct model;        /* weights (pointing into the mapping), tokenizer, hyper-parameters */
 struct model_ctx;    /* one sequence: KV cache, scratch buffers */
 
@@ -299,6 +336,7 @@ enum kv_type { KV_F16 = 0, KV_F32 = 1 };
 int model_load(struct model **m, const char *path, char *err, size_t errlen);
 void model_free(struct model *m);
 const struct model_hp *model_hp(const struct model *m);
+void model_weights(const struct model *m, struct model_weights *w);
 const struct tok *model_tok(const struct model *m);
 const struct gguf *model_gguf(const struct model *m);
 size_t model_weight_bytes(const struct model *m);        /* all tensors' bytes */
@@ -507,6 +545,32 @@ struct kv_config {
     int n_ctx;                        /* most cells one sequence holds (<= 0 with mem_mib: the pool) */
     int mem_mib;                      /* 0: pages for n_seq sequences of n_ctx cells;
                                          > 0: as many pages as fit in this many MiB */
+    const struct kv_mem *mem;         /* where the page bytes live; NULL: host memory */
+};
+
+/* Page storage elsewhere (a GPU's memory): alloc returns bytes 64-aligned or
+ * NULL, copy copies a page within them (copy-on-write). With such storage
+ * kv.c only keeps the tables; the owner of the memory writes and reads the
+ * rows itself (kv_store, kv_read, kv_gather and kv_prefetch must not be
+ * called). */
+struct kv_mem {
+    void *(*alloc)(void *user, size_t bytes);
+    void (*copy)(void *user, void *dst, const void *src, size_t bytes);
+    void (*free)(void *user, void *p);
+    void *user;
+};
+
+/* The byte layout of the pages, for code that reads them without kv.c (GPU
+ * kernels): page p starts at data + p*page_bytes and holds, for each layer l
+ * and kv head h in that order, a block of P K rows then P V rows:
+ *   K row of cell i:  ((l*K + h) * P * (kbytes + vbytes)) + i*kbytes
+ *   V row of cell i:  ((l*K + h) * P * (kbytes + vbytes)) + P*kbytes + i*vbytes
+ * Rows: f32/f16 E values; int8: an f32 scale, then E int8 codes; q4: E/32
+ * Q4_0 blocks (an f16 scale, 16 bytes of nibbles). */
+struct kv_layout {
+    uint8_t *data;
+    size_t page_bytes, kbytes, vbytes;
+    int P, n_pages, max_pages;
 };
 
 struct kv_stats {
@@ -528,6 +592,11 @@ size_t kv_cell_bytes(const struct kv_config *cfg);
 int kv_new(struct kv **kv, const struct kv_config *cfg, char *err, size_t errlen);
 void kv_free(struct kv *kv);
 const struct kv_config *kv_cfg(const struct kv *kv); /* page_cells and n_ctx filled in */
+void kv_layout(const struct kv *kv, struct kv_layout *lo);
+/* The sequence's page table: (max_pages) page ids, the first
+ * ceil(len / P) valid. Changes only in kv_append and kv_prefix (a new page,
+ * or a copied one) and kv_truncate. */
+const int32_t *kv_page_table(const struct kv *kv, int seq);
 void kv_stats(const struct kv *kv, struct kv_stats *s);
 
 /* Sequences. A sequence is cells 0..n-1 (cell i = position i), held in
@@ -629,6 +698,37 @@ int attn_split(int n_cells, int n_head_kv, int n_threads);
  * (room for min(n, k + local)); returns the count. n <= k selects all. */
 int attn_topk(const float *score, int n, int k, int local, int32_t *out);
 
+/* ==== gpu.cu: the GPU backend (make cuda, make hip; gpu_none.c otherwise) ==== */
+
+/* A model's weights on the device: uploaded once, kept quantised, shared by
+ * every context of the model. */
+struct gpu_model;
+/* One context's device state: activations, scratch, the captured decode
+ * graph. Its KV pages are a kv.c pool whose bytes gpu_kv_mem places on the
+ * device, with kv.c's layout (struct kv_layout). */
+struct gpu_ctx;
+
+const char *gpu_backend(void);            /* "cuda", "hip", or "none" in a CPU build */
+/* Usable devices: 0 in a CPU build, without a driver or without a device
+ * (never an error); name (may be NULL) gets the first one's name. */
+int gpu_devices(char *name, size_t cap);
+int gpu_model_new(struct gpu_model **g, const struct model *m, char *err, size_t errlen);
+void gpu_model_free(struct gpu_model *g);
+size_t gpu_model_bytes(const struct gpu_model *g);   /* device memory the weights take */
+/* Page storage in device memory, for kv_config.mem; valid while g lives. */
+const struct kv_mem *gpu_kv_mem(struct gpu_model *g);
+/* Buffers for chunks of up to max_tokens tokens over kv (made with
+ * gpu_kv_mem(g)); allocated once. */
+int gpu_ctx_new(struct gpu_ctx **c, struct gpu_model *g, struct kv *kv, int max_tokens,
+                char *err, size_t errlen);
+void gpu_ctx_free(struct gpu_ctx *c);
+/* model_eval on the device: tokens[0..n) (n <= max_tokens) of sequence seq
+ * at cells pos..pos+n-1, which the caller has made the sequence's last
+ * cells (kv_truncate, kv_append). logits (host): (n, V) if all_logits, else
+ * (V) for the last token; NULL to skip the head. */
+int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits,
+             int all_logits, char *err, size_t errlen);
+
 /* ==== Public API: what a program embedding Strata calls ==== */
 
 /* The calls above are the API: model_load → model_tok/tok_encode →
@@ -650,4 +750,7 @@ int32_t strata_sample(struct strata *s, const struct sample_params *p);
 const char *strata_error(const struct strata *s);
 void strata_free(struct strata *s);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

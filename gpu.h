@@ -1,0 +1,80 @@
+/*
+ * gpu.h — what Strata's GPU files share: the launchers that gpu.cu's forward
+ * pass calls in attn_cuda.cu / attn_hip.hip (attention, KV writes) and in
+ * gpu_gemm.cu (prompt matrix products). Plain C declarations, included by
+ * the .cu/.hip files and by test_gpu.c; every launcher is asynchronous on
+ * the given stream (a cudaStream_t / hipStream_t passed as void *), returns
+ * 0 or -1 with a message, and never synchronises, so gpu.cu can capture it
+ * in a graph. Device pointers are marked "dev".
+ */
+#ifndef STRATA_GPU_H
+#define STRATA_GPU_H
+
+#include "strata.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A sequence's KV pages on the device, as kv.c lays them out (struct
+ * kv_layout in strata.h says where each row is). */
+struct gpu_kv {
+    uint8_t *pages;             /* dev: kv_layout.data */
+    size_t page_bytes, kbytes, vbytes;
+    int cell;                   /* enum kv_cell */
+    int L, K, E, P;             /* layers, kv heads, head dim, cells per page */
+    const int32_t *page_table;  /* dev: (max_pages) the sequence's pages */
+};
+
+/* One attention call: query t (of T) is cell pos0 + t and sees cells
+ * 0..pos0+t (causal), GQA (query head h reads kv head h / (H/K)). pos0 is read
+ * from device memory so that a captured graph replays at any position;
+ * max_cells bounds pos0 + T and sizes the grid of the split kernels. */
+struct gpu_attn {
+    struct gpu_kv kv;
+    int layer;
+    const float *q;             /* dev: (T, H*E), RoPE applied */
+    float *out;                 /* dev: (T, H*E) */
+    int H, T;
+    const int32_t *pos0;        /* dev: one int */
+    int max_cells;
+    float scale;                /* softmax scale (1/sqrt(E) for our models) */
+    /* QSA only: query t attends to cells sel[sel_off[t] .. sel_off[t+1]),
+     * ascending, each <= pos0 + t (dev) */
+    const int32_t *sel;
+    const int64_t *sel_off;
+    void *scratch;              /* dev: gpu_attn_scratch_bytes() bytes (split partials) */
+};
+
+/* Device scratch one call needs at most, for H query heads, T queries,
+ * max_cells cells, head dim E. */
+size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E);
+/* K and V rows (T, K*E) f32 of cells pos0..pos0+T-1 of `layer`, converted to
+ * the cell format and written to the pages (the cells exist: kv_append). */
+int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T, const float *k,
+                 const float *v, void *stream, char *err, size_t errlen);
+/* Dense prompt attention: chunked online softmax over each query's cells. */
+int gpu_attn_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+/* Decode attention (T a few queries): cells split across blocks, merged by
+ * log-sum-exp. */
+int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+/* QSA: the same over each query's selected cells. */
+int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+/* The kernel the dispatch table picks for a call (for logs and tests). */
+const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
+
+/* Prompt matrix product: y (T, rows) f32, row stride ldy floats, =
+ * x (T, n) f32 · Wᵀ, W `rows` rows of n elements of block type `type`, ldw
+ * bytes each (dev, as in the GGUF file). scratch: gpu_gemm_scratch_bytes. */
+size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T);
+int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+             size_t ldy, void *scratch, void *stream, char *err, size_t errlen);
+/* Whether gpu_gemm takes this block type (the others stay on gpu.cu's
+ * matrix-vector kernels). */
+int gpu_gemm_supports(int type);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
