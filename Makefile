@@ -25,10 +25,11 @@ NVCC      ?= nvcc
 HIPCC     ?= hipcc
 CUDA_ARCH ?= 75 80 86 89 90
 HIP_ARCH  ?= gfx1030 gfx90a
-GPU_SRC   := gpu.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip
 ifeq ($(GPU),cuda)
   B := $(B)-cuda
-  GPU_OBJ := $(GPU_SRC:%=$(B)/%.o)
+  CFLAGS += -DSTRATA_GPU
+  # attn_hip.hip's kernels without matrix cores serve CUDA cards too
+  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip)
   # machine code for each CUDA_ARCH, and PTX of the newest for later cards;
   # the runtime linked statically, so the binary starts without a driver
   GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
@@ -39,7 +40,8 @@ ifeq ($(GPU),cuda)
   LINK_FLAGS := -O2
 else ifeq ($(GPU),hip)
   B := $(B)-hip
-  GPU_OBJ := $(GPU_SRC:%=$(B)/%.o)
+  CFLAGS += -DSTRATA_GPU
+  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_gemm.cu attn_hip.hip)
   GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -Wall -Wextra -Werror -D_GNU_SOURCE
   GPU_COMPILE = $(HIPCC) $(GPU_FLAGS) -x hip -c -o $@ $<
   LINK := $(HIPCC)

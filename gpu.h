@@ -64,6 +64,16 @@ int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_
 /* The kernel the dispatch table picks for a call (for logs and tests). */
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
 
+/* attn_hip.hip: the kernels without matrix cores, written for RDNA2 (wave32
+ * warps, 128-thread blocks) and compiled by both toolchains. Under CUDA,
+ * attn_cuda.cu's table picks them below sm_80 and on any card with
+ * STRATA_ATTN_PRE75=1; under HIP, attn_hip.hip's own table (the gpu_attn_*
+ * entry points above) picks them on gfx103x. */
+int gpu_attn_prompt_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+int gpu_attn_decode_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+int gpu_attn_qsa_prompt_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+int gpu_attn_qsa_decode_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+
 /* Prompt matrix product: y (T, rows) f32, row stride ldy floats, =
  * x (T, n) f32 · Wᵀ, W `rows` rows of n elements of block type `type`, ldw
  * bytes each (dev, as in the GGUF file). scratch: gpu_gemm_scratch_bytes. */

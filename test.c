@@ -165,6 +165,9 @@ int main(int argc, char **argv)
     test_cli();
     test_demo();
     test_http();
+    test_gpu();
+    test_gpu_gemm();
+    test_gpu_attn();
     end_case();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

@@ -42,5 +42,8 @@ void test_kv(void);
 void test_attn(void);
 void test_demo(void);
 void test_http(void);
+void test_gpu(void);
+void test_gpu_gemm(void);
+void test_gpu_attn(void);
 
 #endif

@@ -1,0 +1,139 @@
+/*
+ * gpu_compat.h — one source for two toolchains: the runtime API and the warp
+ * primitives that Strata's GPU files use, spelled once for CUDA (nvcc) and
+ * for HIP (hipcc). Kernels use gpu* names, GPU_WARP for the warp width of the
+ * target (32 on NVIDIA and RDNA, 64 on CDNA/GCN) and the warp_* reductions,
+ * which are correct for either width. No masks that assume 32 lanes.
+ */
+#ifndef STRATA_GPU_COMPAT_H
+#define STRATA_GPU_COMPAT_H
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#define GPU_HIP 1
+typedef hipStream_t gpuStream_t;
+typedef hipEvent_t gpuEvent_t;
+typedef hipError_t gpuError_t;
+typedef hipGraph_t gpuGraph_t;
+typedef hipGraphExec_t gpuGraphExec_t;
+typedef hipDeviceProp_t gpuDeviceProp;
+#define gpuSuccess hipSuccess
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuSetDevice hipSetDevice
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMallocHost hipHostMalloc
+#define gpuFreeHost hipHostFree
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemset hipMemset
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuStreamCreate hipStreamCreate
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuDeviceSynchronize hipDeviceSynchronize
+#define gpuEventCreate hipEventCreate
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventElapsedTime hipEventElapsedTime
+#define gpuStreamBeginCapture hipStreamBeginCapture
+#define gpuStreamEndCapture hipStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate(e, g) hipGraphInstantiate(e, g, NULL, NULL, 0)
+#define gpuGraphLaunch hipGraphLaunch
+#define gpuGraphDestroy hipGraphDestroy
+#define gpuGraphExecDestroy hipGraphExecDestroy
+#define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#ifdef __AMDGCN_WAVEFRONT_SIZE
+#define GPU_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define GPU_WARP 64
+#endif
+#define gpu_shfl_xor(v, m) __shfl_xor(v, m)
+#define gpu_shfl(v, l) __shfl(v, l)
+#else
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define GPU_CUDA 1
+typedef cudaStream_t gpuStream_t;
+typedef cudaEvent_t gpuEvent_t;
+typedef cudaError_t gpuError_t;
+typedef cudaGraph_t gpuGraph_t;
+typedef cudaGraphExec_t gpuGraphExec_t;
+typedef cudaDeviceProp gpuDeviceProp;
+#define gpuSuccess cudaSuccess
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuSetDevice cudaSetDevice
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemset cudaMemset
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuStreamCreate cudaStreamCreate
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuDeviceSynchronize cudaDeviceSynchronize
+#define gpuEventCreate cudaEventCreate
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuStreamBeginCapture cudaStreamBeginCapture
+#define gpuStreamEndCapture cudaStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate(e, g) cudaGraphInstantiate(e, g, 0)
+#define gpuGraphLaunch cudaGraphLaunch
+#define gpuGraphDestroy cudaGraphDestroy
+#define gpuGraphExecDestroy cudaGraphExecDestroy
+#define gpuFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define GPU_WARP 32
+#define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, v, m)
+#define gpu_shfl(v, l) __shfl_sync(0xffffffffu, v, l)
+#endif
+
+/* Sum / max over the lanes of one warp; every lane gets the result. */
+static __device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        v += gpu_shfl_xor(v, m);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        v = fmaxf(v, gpu_shfl_xor(v, m));
+    return v;
+}
+
+/* The error convention of strata.h for a runtime call. */
+#define GPU_TRY(call, err, errlen)                                                              \
+    do {                                                                                        \
+        gpuError_t e_ = (call);                                                                 \
+        if (e_ != gpuSuccess)                                                                   \
+            return strata_errf(err, errlen, "%s: %s (%s:%d)", #call, gpuGetErrorString(e_),     \
+                               __FILE__, __LINE__);                                             \
+    } while (0)
+
+#endif
