@@ -79,7 +79,7 @@ static void free_data(struct adata *d)
  * uneven sizes. */
 static struct kv *make_kv(const struct adata *d, int cell, int P)
 {
-    struct kv_config cfg = {2, d->K, d->E, cell, P, 1, d->C, 0};
+    struct kv_config cfg = {2, d->K, d->E, cell, P, 1, d->C, 0, NULL};
     struct kv *kv;
     char err[256];
     if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
@@ -655,7 +655,7 @@ static void attn_bench(struct pool *pool)
            pool_size(pool));
     for (int f = 0; f < 3; f++)
         for (int c = 0; c < 3; c++) {
-            struct kv_config cfg = {1, K, E, cells[f], 0, 1, ctx[c], 0};
+            struct kv_config cfg = {1, K, E, cells[f], 0, 1, ctx[c], 0, NULL};
             struct kv *kv;
             if (kv_new(&kv, &cfg, err, sizeof err) != 0)
                 continue;
@@ -689,7 +689,7 @@ static void attn_bench(struct pool *pool)
     /* one kv head (MQA, MLA): the heads give one task, only the split feeds both threads */
     {
         struct attn *a1;
-        struct kv_config cfg = {1, 1, E, KV_CELL_F16, 0, 1, 32768, 0};
+        struct kv_config cfg = {1, 1, E, KV_CELL_F16, 0, 1, 32768, 0, NULL};
         struct kv *kv;
         if (attn_new(&a1, 8, 1, E, 1, pool_size(pool), err, sizeof err) == 0 &&
             kv_new(&kv, &cfg, err, sizeof err) == 0) {
@@ -721,7 +721,7 @@ static void attn_bench(struct pool *pool)
     for (int f = 0; f < 3; f++)
         for (int c = 0; c < 2; c++) {
             int n = c ? 4096 : 512;
-            struct kv_config cfg = {1, K, E, cells[f], 0, 1, n, 0};
+            struct kv_config cfg = {1, K, E, cells[f], 0, 1, n, 0, NULL};
             struct kv *kv;
             if (kv_new(&kv, &cfg, err, sizeof err) != 0)
                 continue;

@@ -81,7 +81,7 @@ static int check_tagged(const struct kv *kv, int seq, int pos, int n, int tag)
 
 static struct kv *small_kv(int n_seq, int n_ctx, int mem_mib, char *err, size_t errlen)
 {
-    struct kv_config c = {TL, TK, TE, KV_CELL_F32, 16, n_seq, n_ctx, mem_mib};
+    struct kv_config c = {TL, TK, TE, KV_CELL_F32, 16, n_seq, n_ctx, mem_mib, NULL};
     struct kv *kv = NULL;
     if (kv_new(&kv, &c, err, errlen) != 0)
         return NULL;
@@ -109,7 +109,7 @@ static void case_formats(void)
         x[i] = test_randf(&st) * (1.0f + (float)(i / E % 7)) + (i % 97 == 0 ? 5.0f : 0.0f);
     const struct quant_type *q4 = quant_type(QT_Q4_0);
     for (int cell = 0; cell < KV_CELL_COUNT; cell++) {
-        struct kv_config cfg = {1, 1, E, cell, 16, 1, C, 0};
+        struct kv_config cfg = {1, 1, E, cell, 16, 1, C, 0, NULL};
         struct kv *kv;
         char err[256];
         if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
@@ -160,7 +160,7 @@ static void case_formats(void)
         kv_free(kv);
     }
     /* q4 and k8v4 need whole Q4_0 blocks along E; int8 does not */
-    struct kv_config odd = {1, 1, 80, KV_CELL_Q4, 0, 1, 64, 0};
+    struct kv_config odd = {1, 1, 80, KV_CELL_Q4, 0, 1, 64, 0, NULL};
     struct kv *kv = NULL;
     char err[256] = "";
     CHECK(kv_new(&kv, &odd, err, sizeof err) != 0 && strstr(err, "multiple of 32"),
@@ -293,7 +293,7 @@ static void case_exhaustion(void)
         return;
     char err[256];
     /* a 1 MiB budget: pages of 16 cells x 1 KiB, 64 of them */
-    struct kv_config cfg = {TL, TK, TE, KV_CELL_F32, 16, 3, 0, 1};
+    struct kv_config cfg = {TL, TK, TE, KV_CELL_F32, 16, 3, 0, 1, NULL};
     struct kv_stats st;
     struct kv *kv;
     if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
@@ -334,7 +334,7 @@ static void case_exhaustion(void)
     CHECK(kv_append(kv, b, NULL, 1, err, sizeof err) == 0, "after freeing c: %s", err);
     kv_free(kv);
     /* a budget below one page */
-    struct kv_config big = {4096, 8, 256, KV_CELL_F32, 16, 1, 0, 1};
+    struct kv_config big = {4096, 8, 256, KV_CELL_F32, 16, 1, 0, 1, NULL};
     err[0] = 0;
     CHECK(kv_new(&kv, &big, err, sizeof err) != 0 && strstr(err, "holds no page"), "'%s'", err);
 }
