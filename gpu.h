@@ -1,7 +1,7 @@
 /*
  * gpu.h — what Strata's GPU files share: the launchers that gpu.cu's forward
- * pass calls in attn_cuda.cu / attn_hip.hip (attention, KV writes) and in
- * gpu_gemm.cu (prompt matrix products). Plain C declarations, included by
+ * pass calls in attn_cuda.cu / attn_hip.hip (attention) and gpu_gemm.cu
+ * (prompt matrix products), and gpu.cu's KV writer. Plain C declarations, included by
  * the .cu/.hip files and by test_gpu.c; every launcher is asynchronous on
  * the given stream (a cudaStream_t / hipStream_t passed as void *), returns
  * 0 or -1 with a message, and never synchronises, so gpu.cu can capture it
@@ -49,8 +49,9 @@ struct gpu_attn {
 /* Device scratch one call needs at most, for H query heads, T queries,
  * max_cells cells, head dim E. */
 size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E);
-/* K and V rows (T, K*E) f32 of cells pos0..pos0+T-1 of `layer`, converted to
- * the cell format and written to the pages (the cells exist: kv_append). */
+/* gpu.cu: K and V rows (T, K*E) f32 of cells pos0..pos0+T-1 of `layer`,
+ * converted to the cell format exactly as kv.c's kv_store converts them and
+ * written to the pages (the cells exist: kv_append). */
 int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T, const float *k,
                  const float *v, void *stream, char *err, size_t errlen);
 /* Dense prompt attention: chunked online softmax over each query's cells. */

@@ -168,6 +168,7 @@ int main(int argc, char **argv)
     test_gpu();
     test_gpu_gemm();
     test_gpu_attn();
+    test_gpu_rdna2();
     end_case();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

@@ -45,5 +45,6 @@ void test_http(void);
 void test_gpu(void);
 void test_gpu_gemm(void);
 void test_gpu_attn(void);
+void test_gpu_rdna2(void);
 
 #endif
