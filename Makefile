@@ -45,7 +45,9 @@ else ifeq ($(GPU),hip)
   GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -Wall -Wextra -Werror -D_GNU_SOURCE
   GPU_COMPILE = $(HIPCC) $(GPU_FLAGS) -x hip -c -o $@ $<
   LINK := $(HIPCC)
-  LINK_FLAGS := -O2
+  # the targets named at the link too, or hipcc asks rocm_agent_enumerator
+  # for the machine's GPU (a Python traceback where there is none)
+  LINK_FLAGS := -O2 $(foreach a,$(HIP_ARCH),--offload-arch=$(a))
 else ifeq ($(GPU),)
   GPU_OBJ := $(B)/gpu_none.o
   LINK := $(CC)

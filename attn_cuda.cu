@@ -1,13 +1,1481 @@
 /*
- * attn_cuda.cu — skeleton: the helper "attn-cuda" replaces this file.
+ * attn_cuda.cu — every NVIDIA attention kernel and the one table that picks
+ * among them (gpu.h's gpu_attn_*): dense prompt, split-KV decode with a
+ * log-sum-exp merge, QSA prompt and QSA split decode, all reading K/V
+ * straight from kv.c's pages on the device (struct kv_layout) and
+ * dequantising them on the fly.
+ *
+ * Kernels:
+ *   ak_mma   (sm_80+) tensor cores, mma.sync m16n8k16 f16 with f32
+ *            accumulation: a warp owns 16 rows (query, head) of one kv
+ *            head; the block's four warps load each 64-cell step of K/V
+ *            into shared memory as f16 (for E <= 128 the next step's bytes
+ *            are in flight in registers while this step computes) and those
+ *            with rows compute; running max and sum per row in registers,
+ *            no T×C buffer. One kernel serves the four paths: dense (causal,
+ *            the G query heads of a kv head together, so K/V are read once
+ *            per tile) or a QSA list, whole or one split-KV partition that
+ *            writes (max, sum, acc) to scratch. Head dims 64, 128, 256.
+ *   ak_mma<QK8> (sm_80+, int8 cells, STRATA_QSA_SPLIT_ATTN=1, opt-in) the
+ *            QSA split decode with K·Q as int8 mma (m16n8k32 s8 on the
+ *            pages' codes, Q quantised per row like the keys), P·V as above.
+ *   ak_simt  one warp per row, no matrix units, any head dim up to 512 and
+ *            f32 cells: the fallback of every path (ak_table says when).
+ *   ak_merge the log-sum-exp merge of split partials.
+ * Below sm_80, or with STRATA_ATTN_PRE75=1, the table calls attn_hip.hip's
+ * gpu_attn_*_rdna2 kernels.
+ *
+ * Numerics of ak_mma: f16 inputs would round Q and the probabilities P to
+ * 11 bits, a loss next to the f32 CPU path as large as the f16 cache's
+ * own; so Q and P are each split into f16 hi + lo (x = hi + lo to 2^-22
+ * relative) and every product is two mma, which costs tensor-core time
+ * the kernel has to spare but leaves the error that of f32 sums. K and V
+ * enter as f16: exact for f16 cells; int8 and Q4_0 values d·q are rounded
+ * to f16 (relative 2^-12, a thousandth of their own quantisation error).
+ * f32 cells take ak_simt (all f32).
+ *
+ * Must not: allocate, synchronise, keep state between calls beyond cached
+ * device attributes, or read pos0 on the host (graphs replay at any
+ * position). Shapes: T queries, H query heads, K kv heads, G = H/K, E head
+ * dim, P cells per page, S partitions, TH = T·H output rows.
  */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu.h"
 #include "gpu_compat.h"
 
-static int todo(char *err, size_t errlen) { return strata_errf(err, errlen, "attn_cuda.cu: not written yet"); }
-size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E) { (void)H, (void)T, (void)max_cells, (void)E; return 0; }
-int gpu_attn_prompt(const struct gpu_attn *a, void *s, char *err, size_t errlen) { (void)a, (void)s; return todo(err, errlen); }
-int gpu_attn_decode(const struct gpu_attn *a, void *s, char *err, size_t errlen) { (void)a, (void)s; return todo(err, errlen); }
-int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *s, char *err, size_t errlen) { (void)a, (void)s; return todo(err, errlen); }
-int gpu_attn_qsa_decode(const struct gpu_attn *a, void *s, char *err, size_t errlen) { (void)a, (void)s; return todo(err, errlen); }
-const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa) { (void)a, (void)decode, (void)qsa; return "none"; }
+#define AK_BC 64        /* entries per online-softmax step (one kv.c page) */
+#define AK_SPLIT_MAX 128 /* most split-KV partitions (ak_dec; sizes scratch and the merge) */
+#define AK_SPLIT_MMA 64  /* most partitions of ak_mma and ak_simt */
+#define AK_DECODE_T 16  /* decode windows up to this many queries take the split kernels */
+#define AK_PAD 8        /* halves after each shared row: the 8 rows of a fragment load
+                           fall in 8 distinct bank quads */
+#define AK_SIMT_ROWS 4  /* rows (warps) per ak_simt block */
+#define AK_THREADS 128  /* ak_mma: four warps load every step; those with rows compute */
+
+enum { ROW_F32, ROW_F16, ROW_I8, ROW_Q4 };
+
+/* One launch's view of a call. */
+struct ak_args {
+    const uint8_t *pages;
+    size_t page_bytes, kbytes, vbytes;
+    const int32_t *pt;
+    int P, K, E, H, G, T, layer;
+    const float *q;
+    float *out;
+    const int32_t *pos0;
+    float scale;
+    const int32_t *sel;
+    const int64_t *sel_off;
+    float *ml, *acc; /* split partials (S, TH, 2) and (S, TH, E); NULL: final output */
+    int plen;        /* entries per partition */
+    int tiles;       /* ak_mma: row tiles per kv head (dense) or per query (QSA) */
+    int rt;          /* ak_mma: rows per tile (16 per computing warp) */
+    int qsa;
+};
+
+/* ==== cell rows ==== */
+
+/* The K row of a cell of kv head h, and its V row (kv_layout). */
+static __device__ __forceinline__ const uint8_t *ak_block(const ak_args &a, int h, int cell)
+{
+    size_t blk = ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes);
+    return a.pages + (size_t)a.pt[cell / a.P] * a.page_bytes + blk;
+}
+
+static __device__ __forceinline__ const uint8_t *ak_krow(const ak_args &a, int h, int cell)
+{
+    return ak_block(a, h, cell) + (size_t)(cell % a.P) * a.kbytes;
+}
+
+static __device__ __forceinline__ const uint8_t *ak_vrow(const ak_args &a, int h, int cell)
+{
+    return ak_block(a, h, cell) + (size_t)a.P * a.kbytes + (size_t)(cell % a.P) * a.vbytes;
+}
+
+/* Element e of a row, as kv.c decodes it: int8 q·d, Q4_0 (nibble - 8)·d. */
+template <int ROW>
+static __device__ __forceinline__ float ak_elem(const uint8_t *row, int e)
+{
+    if (ROW == ROW_F32)
+        return ((const float *)row)[e];
+    if (ROW == ROW_F16)
+        return __half2float(((const __half *)row)[e]);
+    if (ROW == ROW_I8) {
+        float d;
+        memcpy(&d, row, 4); /* 4-aligned only when E is a multiple of 4 */
+        return (float)((const int8_t *)(row + 4))[e] * d;
+    }
+    const uint8_t *b = row + (e >> 5) * 18;
+    float d = __half2float(*(const __half *)b);
+    int j = e & 31;
+    int nib = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+    return (float)(nib - 8) * d;
+}
+
+/* e^x rounded from double: within half an ulp like attn.c's exp (CUDA's
+ * expf is within 2), for the f32 paths whose error is rounding alone. */
+static __device__ __forceinline__ float ak_exp(float x)
+{
+    return (float)exp((double)x);
+}
+
+/* ==== the log-sum-exp merge ==== */
+
+/* Row o of the output from its S partials: weights w_s = e^(m_s - M),
+ * out = Σ w_s·acc_s / Σ w_s·l_s. A partition that saw no cell (m = -inf)
+ * has weight 0 and its acc, never written, is not read. */
+__global__ void __launch_bounds__(128) ak_merge(const float *ml, const float *acc, int S, int TH, int E, float *out)
+{
+    __shared__ float wbuf[4][AK_SPLIT_MAX];
+    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = blockIdx.x * 4 + wp;
+    if (o >= TH)
+        return;
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++)
+        M = fmaxf(M, ml[((size_t)s * TH + o) * 2]);
+    for (int s = lane; s < S; s += 32) {
+        float m = ml[((size_t)s * TH + o) * 2];
+        wbuf[wp][s] = m == -INFINITY ? 0.0f : ak_exp(m - M);
+    }
+    __syncwarp();
+    float L = 0.0f;
+    for (int s = 0; s < S; s++)
+        L = fmaf(wbuf[wp][s], ml[((size_t)s * TH + o) * 2 + 1], L);
+    float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        float v = 0.0f;
+        for (int s = 0; s < S; s++)
+            if (wbuf[wp][s] != 0.0f)
+                v = fmaf(wbuf[wp][s], acc[((size_t)s * TH + o) * E + e], v);
+        out[(size_t)o * E + e] = v * inv;
+    }
+}
+
+/* ==== ak_simt: one warp per row ==== */
+
+/* Row o = (t, query head) of the output over entries [s·plen, ...) of its
+ * cells (causal) or list. Lane-strided q and acc (NE per lane); per block
+ * of 32 entries each score is a warp sum and lands in lane j, then one
+ * online-softmax step: max, rescale, p = e^(s - m), acc += p·v. */
+template <int KR, int VR, int NE>
+__global__ void __launch_bounds__(32 * AK_SIMT_ROWS) ak_simt(ak_args a)
+{
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * AK_SIMT_ROWS + (threadIdx.x >> 5), s = blockIdx.y;
+    int TH = a.T * a.H, E = a.E;
+    if (o >= TH)
+        return;
+    int t = o / a.H, h = (o % a.H) / a.G;
+    const int32_t *list = NULL;
+    int n;
+    if (a.qsa) {
+        list = a.sel + a.sel_off[t];
+        n = (int)(a.sel_off[t + 1] - a.sel_off[t]);
+    } else {
+        n = *a.pos0 + t + 1;
+    }
+    int e_lo = s * a.plen, e_hi = min(n, e_lo + a.plen);
+    float qv[NE], acc[NE];
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        int e = lane + 32 * i;
+        qv[i] = e < E ? a.q[(size_t)o * E + e] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int c0 = e_lo; c0 < e_hi; c0 += 32) {
+        int nb = min(32, e_hi - c0);
+        float my = -INFINITY;
+        for (int j = 0; j < nb; j++) {
+            int cell = list ? list[c0 + j] : c0 + j;
+            const uint8_t *kr = ak_krow(a, h, cell);
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NE; i++)
+                if (lane + 32 * i < E)
+                    d = fmaf(qv[i], ak_elem<KR>(kr, lane + 32 * i), d);
+            d = warp_sum(d);
+            if (lane == j)
+                my = d * a.scale;
+        }
+        float mn = fmaxf(m, warp_max(my));
+        if (mn == -INFINITY)
+            continue; /* only -inf scores so far: nothing to weigh */
+        float alpha = m == -INFINITY ? 0.0f : ak_exp(m - mn);
+        float p = my == -INFINITY ? 0.0f : ak_exp(my - mn);
+        l = l * alpha + warp_sum(p);
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < NE; i++)
+            acc[i] *= alpha;
+        for (int j = 0; j < nb; j++) {
+            float pj = gpu_shfl(p, j);
+            const uint8_t *vr = ak_vrow(a, h, list ? list[c0 + j] : c0 + j);
+#pragma unroll
+            for (int i = 0; i < NE; i++)
+                if (lane + 32 * i < E)
+                    acc[i] = fmaf(pj, ak_elem<VR>(vr, lane + 32 * i), acc[i]);
+        }
+    }
+    if (a.ml) {
+        size_t row = (size_t)s * TH + o;
+        if (lane == 0) {
+            a.ml[row * 2] = m;
+            a.ml[row * 2 + 1] = l;
+        }
+#pragma unroll
+        for (int i = 0; i < NE; i++)
+            if (lane + 32 * i < E && m != -INFINITY)
+                a.acc[row * E + lane + 32 * i] = acc[i];
+        return;
+    }
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NE; i++)
+        if (lane + 32 * i < E)
+            a.out[(size_t)o * E + lane + 32 * i] = acc[i] * inv;
+}
+
+/* ==== ak_mma: tensor cores (sm_80+) ==== */
+
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define AK_MMA_BODY 1
+#endif
+
+#ifdef AK_MMA_BODY
+static __device__ __forceinline__ uint32_t ak_pack(float x, float y)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    return *(uint32_t *)&h;
+}
+
+/* x = hi + lo: hi = f16(x), lo = f16(x - hi). */
+static __device__ __forceinline__ void ak_split2(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    float2 f = __half22float2(h);
+    *hi = *(uint32_t *)&h;
+    *lo = ak_pack(x - f.x, y - f.y);
+}
+
+static __device__ __forceinline__ void ak_mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 f16 matrices, transposed: the B fragments of two n-tiles of V. */
+static __device__ __forceinline__ void ak_ldm4t(uint32_t r[4], const void *p)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* The bytes behind elements e8..e8+7 of a row, loaded first (all of a
+ * step's loads in flight together), decoded after: f16 q = the 8 values;
+ * int8 q.x, q.y = 8 codes, d = the scale's bits; Q4_0 q.x, q.y = the 8
+ * nibble bytes, d = the block's f16 scale. Zeros for a missing row. */
+struct ak_raw {
+    uint4 q;
+    uint32_t d;
+};
+
+template <int ROW>
+static __device__ __forceinline__ ak_raw ak_fetch(const uint8_t *row, int e8)
+{
+    ak_raw r = {make_uint4(0, 0, 0, 0), 0};
+    if (!row)
+        return r;
+    if (ROW == ROW_F16) {
+        r.q = *(const uint4 *)(row + 2 * e8);
+    } else if (ROW == ROW_I8) {
+        r.d = *(const uint32_t *)row;
+        r.q.x = *(const uint32_t *)(row + 4 + e8);
+        r.q.y = *(const uint32_t *)(row + 8 + e8);
+    } else {
+        /* Q4_0: element j < 16 is the low nibble of qs[j], j >= 16 the high
+         * nibble of qs[j - 16]; blocks and rows are 2-byte aligned */
+        const uint8_t *b = row + (e8 >> 5) * 18;
+        const uint16_t *qs = (const uint16_t *)(b + 2 + (e8 & 15));
+        r.d = *(const uint16_t *)b;
+        r.q.x = (uint32_t)qs[0] | (uint32_t)qs[1] << 16;
+        r.q.y = (uint32_t)qs[2] | (uint32_t)qs[3] << 16;
+    }
+    return r;
+}
+
+/* ak_fetch's bytes as 8 f16 values, decoded as kv.c decodes them. */
+template <int ROW>
+static __device__ __forceinline__ uint4 ak_cvt(const ak_raw &r, int e8)
+{
+    if constexpr (ROW == ROW_F16) {
+        return r.q;
+    } else {
+        float f[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            uint32_t byte = ((m < 4 ? r.q.x : r.q.y) >> (8 * (m & 3))) & 255;
+            if (ROW == ROW_I8)
+                f[m] = (float)(int8_t)byte * __uint_as_float(r.d);
+            else
+                f[m] = (float)((int)((byte >> ((e8 & 31) < 16 ? 0 : 4)) & 15) - 8) *
+                       __half2float(__ushort_as_half((unsigned short)r.d));
+        }
+        return make_uint4(ak_pack(f[0], f[1]), ak_pack(f[2], f[3]), ak_pack(f[4], f[5]), ak_pack(f[6], f[7]));
+    }
+}
+
+/* int8 codes: exact s32 dots of 32 k per step. */
+static __device__ __forceinline__ void ak_mma16832(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+#define AK_PAD8 16 /* bytes after each int8 row (ak_mma with QK8) */
+
+/* Shared bytes of ak_mma with rt rows per tile: entry row pointers, the V
+ * step as f16, the K step and Q (f16 hi and lo; or int8 codes and one scale
+ * per row with QK8). */
+static size_t ak_mma_smem(int E, int rt_, int qk8)
+{
+    size_t rt = (size_t)rt_, v = (size_t)AK_BC * (E + AK_PAD) * 2;
+    if (qk8)
+        return 2 * AK_BC * sizeof(void *) + v + (AK_BC + rt) * (E + AK_PAD8 + 4);
+    return 2 * AK_BC * sizeof(void *) + v + (AK_BC + 2 * rt) * (E + AK_PAD) * 2;
+}
+
+/* Block (partition s, kv head h, tile z): rows r0..r1-1 of the T·G rows of
+ * kv head h (row r: query t = r/G, head h·G + r%G), dense: cells 0..pos0+t
+ * each; QSA: one query's list. Thread lane holds rows g and g+8 of its
+ * warp's 16 and, per step, 16 of the 64 columns (C fragment layout), which
+ * become the A fragment of P·V without leaving registers. */
+template <int KR, int VR, int E, bool QK8>
+__global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
+{
+#ifdef AK_MMA_BODY
+    constexpr int LD = E + AK_PAD, NT = E / 8, LD8 = E + AK_PAD8;
+    extern __shared__ __align__(16) uint8_t ak_smem[];
+    const uint8_t **kp = (const uint8_t **)ak_smem;
+    const uint8_t **vp = kp + AK_BC;
+    constexpr int nth = AK_THREADS, nw = AK_THREADS / 32;
+    int RT = a.rt;
+    __half *Vs = (__half *)(vp + AK_BC);
+    /* f16: K (64, LD), Q hi and lo (RT, LD); QK8: K codes (64, LD8), Q
+     * codes (RT, LD8), then the K scales (64) and Q scales (RT) */
+    __half *Ks = Vs + AK_BC * LD;
+    __half *Qh = Ks + AK_BC * LD;
+    __half *Ql = Qh + RT * LD;
+    int8_t *Kc = (int8_t *)(Vs + AK_BC * LD);
+    int8_t *Qc = Kc + AK_BC * LD8;
+    float *kd = (float *)(Qc + RT * LD8);
+    float *qd = kd + AK_BC;
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
+    int r0, r1, n_ent;
+    const int32_t *list = NULL;
+    if (a.qsa) {
+        int t = blockIdx.z / a.tiles;
+        r0 = t * G + (blockIdx.z % a.tiles) * RT;
+        r1 = min(r0 + RT, t * G + G);
+        list = a.sel + a.sel_off[t];
+        n_ent = (int)(a.sel_off[t + 1] - a.sel_off[t]);
+    } else {
+        /* prompt: the tiles with the most cells start first */
+        int z = a.ml ? (int)blockIdx.z : a.tiles - 1 - (int)blockIdx.z;
+        r0 = z * RT;
+        r1 = min(r0 + RT, a.T * G);
+        n_ent = p0 + (r1 - 1) / G + 1;
+    }
+    int e_lo = s * a.plen, e_hi = min(n_ent, e_lo + a.plen);
+    int TH = a.T * a.H;
+    int rA = r0 + w * 16 + g, rB = rA + 8;
+    int oA = rA / G * a.H + h * G + rA % G, oB = rB / G * a.H + h * G + rB % G;
+    /* a row's last visible entry: its cell limit, or every entry of a list */
+    int limA = rA >= r1 ? -1 : a.qsa ? INT_MAX : p0 + rA / G;
+    int limB = rB >= r1 ? -1 : a.qsa ? INT_MAX : p0 + rB / G;
+    int wfirst = r0 + w * 16, wlast = min(wfirst + 15, r1 - 1);
+    int wlim = wfirst >= r1 ? -1 : a.qsa ? INT_MAX : p0 + wlast / G;
+
+    if (e_lo >= e_hi) {
+        /* a partition past the live cells: no weight in the merge */
+        if (t4 == 0) {
+            if (limA >= 0) {
+                a.ml[((size_t)s * TH + oA) * 2] = -INFINITY;
+                a.ml[((size_t)s * TH + oA) * 2 + 1] = 0.0f;
+            }
+            if (limB >= 0) {
+                a.ml[((size_t)s * TH + oB) * 2] = -INFINITY;
+                a.ml[((size_t)s * TH + oB) * 2 + 1] = 0.0f;
+            }
+        }
+        return;
+    }
+    if (QK8) {
+        /* Q rows as int8 codes round(q/d), d = absmax/127 (kv.c's rule for
+         * the keys), one warp per row */
+        for (int i = w; i < RT; i += nw) {
+            int rr = r0 + i;
+            const float *src = a.q + ((size_t)(rr / G) * a.H + h * G + rr % G) * E;
+            float amax = 0.0f;
+            for (int e = lane; e < E && rr < r1; e += 32)
+                amax = fmaxf(amax, fabsf(src[e]));
+            amax = warp_max(amax);
+            float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int e = lane; e < E; e += 32)
+                Qc[i * LD8 + e] = rr < r1 ? (int8_t)fminf(127.0f, fmaxf(-127.0f, rintf(src[e] * id))) : 0;
+            if (lane == 0)
+                qd[i] = amax / 127.0f;
+        }
+    } else {
+        for (int i = tid; i < RT * E; i += nth) {
+            int rr = r0 + i / E, e = i % E;
+            float x = 0.0f;
+            if (rr < r1)
+                x = a.q[((size_t)(rr / G) * a.H + h * G + rr % G) * E + e];
+            __half hi = __float2half_rn(x);
+            Qh[(i / E) * LD + e] = hi;
+            Ql[(i / E) * LD + e] = __float2half_rn(x - __half2float(hi));
+        }
+    }
+    float O[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+    const __half *qh = Qh + (w * 16 + g) * LD + 2 * t4, *ql = Ql + (w * 16 + g) * LD + 2 * t4;
+    __syncthreads(); /* Q and its scales are written before the first step reads them */
+
+    /* the K and V rows of step c's entries (NULL past the end) */
+    auto rows_of = [&](int c) {
+        for (int j = tid; j < AK_BC; j += nth) {
+            int ent = c + j;
+            if (ent < e_hi) {
+                int cell = list ? list[ent] : ent;
+                kp[j] = ak_krow(a, h, cell);
+                vp[j] = ak_vrow(a, h, cell);
+            } else {
+                kp[j] = vp[j] = NULL;
+            }
+        }
+    };
+    /* item `it` of a step: 8 values of one K row and of one V row; loaded
+     * (fetch), then decoded into the shared tiles (store); missing rows
+     * give zeros: 0·v, never 0·NaN */
+    constexpr int IT = AK_BC * (E / 8) / nth;
+    auto fetch = [&](int it, ak_raw &k, ak_raw &v) {
+        int i = tid + it * nth, j = i / (E / 8), e8 = (i % (E / 8)) * 8;
+        k = ak_fetch<KR>(kp[j], e8);
+        v = ak_fetch<VR>(vp[j], e8);
+    };
+    auto store = [&](int it, const ak_raw &k, const ak_raw &v) {
+        int i = tid + it * nth, j = i / (E / 8), e8 = (i % (E / 8)) * 8;
+        if (QK8) {
+            /* int8 rows: the codes as they are, the scale beside */
+            *(uint2 *)&Kc[j * LD8 + e8] = make_uint2(k.q.x, k.q.y);
+            if (e8 == 0)
+                kd[j] = __uint_as_float(k.d);
+        } else {
+            *(uint4 *)&Ks[j * LD + e8] = ak_cvt<KR>(k, e8);
+        }
+        *(uint4 *)&Vs[j * LD + e8] = ak_cvt<VR>(v, e8);
+    };
+    /* E <= 128: the next step's bytes are loaded into registers while the
+     * tensor cores work on this one; E = 256 has no registers to spare and
+     * loads each step in batches of 4 items, all in flight at once */
+    constexpr bool PIPE = E <= 128;
+    ak_raw pk[PIPE ? IT : 1], pv[PIPE ? IT : 1];
+    if (PIPE) {
+        rows_of(e_lo);
+        __syncthreads();
+#pragma unroll
+        for (int it = 0; it < (PIPE ? IT : 0); it++)
+            fetch(it, pk[it], pv[it]);
+    }
+
+    for (int c0 = e_lo; c0 < e_hi; c0 += AK_BC) {
+        __syncthreads(); /* the last step's tiles are consumed, its rows read */
+        if (PIPE) {
+#pragma unroll
+            for (int it = 0; it < (PIPE ? IT : 0); it++)
+                store(it, pk[it], pv[it]);
+            rows_of(c0 + AK_BC);
+            __syncthreads();
+            if (c0 + AK_BC < e_hi) {
+#pragma unroll
+                for (int it = 0; it < (PIPE ? IT : 0); it++)
+                    fetch(it, pk[it], pv[it]);
+            }
+        } else {
+            rows_of(c0);
+            __syncthreads();
+            constexpr int BATCH = 4;
+#pragma unroll
+            for (int b0 = 0; b0 < IT; b0 += BATCH) {
+                ak_raw kr[BATCH], vr[BATCH];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++)
+                    fetch(b0 + u, kr[u], vr[u]);
+#pragma unroll
+                for (int u = 0; u < BATCH; u++)
+                    store(b0 + u, kr[u], vr[u]);
+            }
+            __syncthreads();
+        }
+        if (c0 > wlim)
+            continue; /* every row of this warp is done (causal) */
+
+        /* S = Q·Kᵀ: (16 rows) x (64 entries), Q as hi + lo */
+        float S[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+            S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.0f;
+        if (QK8) {
+            /* int8 codes: exact integer dots, then d_q·d_k; the A fragment
+             * holds 4 consecutive k of rows g and g+8, B 4 of cell g */
+            int Si[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                Si[nt][0] = Si[nt][1] = Si[nt][2] = Si[nt][3] = 0;
+            const int8_t *qc = Qc + (w * 16 + g) * LD8 + 4 * t4;
+#pragma unroll
+            for (int kk = 0; kk < E / 32; kk++) {
+                uint32_t aq[4];
+                aq[0] = *(const uint32_t *)(qc + kk * 32);
+                aq[1] = *(const uint32_t *)(qc + 8 * LD8 + kk * 32);
+                aq[2] = *(const uint32_t *)(qc + kk * 32 + 16);
+                aq[3] = *(const uint32_t *)(qc + 8 * LD8 + kk * 32 + 16);
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    const int8_t *kb = Kc + (nt * 8 + g) * LD8 + kk * 32 + 4 * t4;
+                    ak_mma16832(Si[nt], aq, *(const uint32_t *)kb, *(const uint32_t *)(kb + 16));
+                }
+            }
+            float dA = qd[w * 16 + g], dB = qd[w * 16 + g + 8];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float dk = kd[nt * 8 + 2 * t4 + c];
+                    S[nt][c] = (float)Si[nt][c] * (dA * dk);
+                    S[nt][2 + c] = (float)Si[nt][2 + c] * (dB * dk);
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < E / 16 && !QK8; kk++) {
+            uint32_t ah[4], al[4];
+            ah[0] = *(const uint32_t *)(qh + kk * 16);
+            ah[1] = *(const uint32_t *)(qh + 8 * LD + kk * 16);
+            ah[2] = *(const uint32_t *)(qh + kk * 16 + 8);
+            ah[3] = *(const uint32_t *)(qh + 8 * LD + kk * 16 + 8);
+            al[0] = *(const uint32_t *)(ql + kk * 16);
+            al[1] = *(const uint32_t *)(ql + 8 * LD + kk * 16);
+            al[2] = *(const uint32_t *)(ql + kk * 16 + 8);
+            al[3] = *(const uint32_t *)(ql + 8 * LD + kk * 16 + 8);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const __half *kb = Ks + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
+                uint32_t b0 = *(const uint32_t *)kb, b1 = *(const uint32_t *)(kb + 8);
+                ak_mma16816(S[nt], al, b0, b1);
+                ak_mma16816(S[nt], ah, b0, b1);
+            }
+        }
+        /* scale, mask, the block max of each row (over the quad of lanes) */
+        float xA = -INFINITY, xB = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                int ent = c0 + nt * 8 + 2 * t4 + c;
+                S[nt][c] = ent < e_hi && ent <= limA ? S[nt][c] * a.scale : -INFINITY;
+                S[nt][2 + c] = ent < e_hi && ent <= limB ? S[nt][2 + c] * a.scale : -INFINITY;
+                xA = fmaxf(xA, S[nt][c]);
+                xB = fmaxf(xB, S[nt][2 + c]);
+            }
+        xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
+        xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
+        xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
+        xB = fmaxf(xB, gpu_shfl_xor(xB, 2));
+        float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        /* online rescale: what was summed relative to m_old moves to m_new
+         * (factor <= 1); a row with only -inf so far keeps m = -inf and
+         * weighs nothing (exp(-inf - -inf) would be NaN) */
+        float alA = nA == -INFINITY || mA == -INFINITY ? 0.0f : expf(mA - nA);
+        float alB = nB == -INFINITY || mB == -INFINITY ? 0.0f : expf(mB - nB);
+        float sA = 0.0f, sB = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                S[nt][c] = S[nt][c] == -INFINITY ? 0.0f : expf(S[nt][c] - nA);
+                S[nt][2 + c] = S[nt][2 + c] == -INFINITY ? 0.0f : expf(S[nt][2 + c] - nB);
+                sA += S[nt][c];
+                sB += S[nt][2 + c];
+            }
+        lA = lA * alA + sA; /* this lane's columns; the quad is summed at the end */
+        lB = lB * alB + sB;
+        mA = nA;
+        mB = nB;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            O[i][0] *= alA;
+            O[i][1] *= alA;
+            O[i][2] *= alB;
+            O[i][3] *= alB;
+        }
+        /* O += P·V, P as hi + lo: entries 16kk.. of the C fragment are the
+         * A fragment of this product */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t ph[4], pl[4];
+            ak_split2(S[2 * kk][0], S[2 * kk][1], &ph[0], &pl[0]);
+            ak_split2(S[2 * kk][2], S[2 * kk][3], &ph[1], &pl[1]);
+            ak_split2(S[2 * kk + 1][0], S[2 * kk + 1][1], &ph[2], &pl[2]);
+            ak_split2(S[2 * kk + 1][2], S[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+            for (int np = 0; np < E / 16; np++) {
+                uint32_t b[4];
+                ak_ldm4t(b, Vs + (kk * 16 + (lane & 15)) * LD + np * 16 + (lane >> 4) * 8);
+                ak_mma16816(O[2 * np], pl, b[0], b[1]);
+                ak_mma16816(O[2 * np], ph, b[0], b[1]);
+                ak_mma16816(O[2 * np + 1], pl, b[2], b[3]);
+                ak_mma16816(O[2 * np + 1], ph, b[2], b[3]);
+            }
+        }
+    }
+    lA += gpu_shfl_xor(lA, 1);
+    lA += gpu_shfl_xor(lA, 2);
+    lB += gpu_shfl_xor(lB, 1);
+    lB += gpu_shfl_xor(lB, 2);
+    if (a.ml) {
+        if (t4 == 0) {
+            if (limA >= 0) {
+                a.ml[((size_t)s * TH + oA) * 2] = mA;
+                a.ml[((size_t)s * TH + oA) * 2 + 1] = lA;
+            }
+            if (limB >= 0) {
+                a.ml[((size_t)s * TH + oB) * 2] = mB;
+                a.ml[((size_t)s * TH + oB) * 2 + 1] = lB;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int col = nt * 8 + 2 * t4;
+            if (limA >= 0)
+                *(float2 *)&a.acc[((size_t)s * TH + oA) * E + col] = make_float2(O[nt][0], O[nt][1]);
+            if (limB >= 0)
+                *(float2 *)&a.acc[((size_t)s * TH + oB) * E + col] = make_float2(O[nt][2], O[nt][3]);
+        }
+        return;
+    }
+    float iA = lA > 0.0f ? 1.0f / lA : 0.0f, iB = lB > 0.0f ? 1.0f / lB : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int col = nt * 8 + 2 * t4;
+        if (limA >= 0)
+            *(float2 *)&a.out[(size_t)oA * E + col] = make_float2(O[nt][0] * iA, O[nt][1] * iA);
+        if (limB >= 0)
+            *(float2 *)&a.out[(size_t)oB * E + col] = make_float2(O[nt][2] * iB, O[nt][3] * iB);
+    }
+#else
+    (void)a;
+#endif
+}
+
+/* ==== ak_dec: decode windows, tensor cores (sm_80+) ==== */
+
+#define AKD_C 16 /* entries per warp step: one m-tile of K·Qᵀ, one k-step of Vᵀ·Pᵀ */
+
+/* ak_dec's shared memory. Per warp a ring of NST stages, each the K rows
+ * then the V rows of one step's 16 entries, raw bytes at strides chosen so
+ * that the fragment loads below hit 32 distinct banks (f16 K: 8 mod 32
+ * words, f16 V and int8: 4 mod 32); after the loop the rings hold the
+ * warps' partials for the block's merge. Then per warp the 32 row
+ * pointers of the step being loaded, and the Pᵀ tile (8·NB rows, 16
+ * entries, PLD floats a row). NW warps: 4, 2 for E = 256 (registers). */
+template <int ROW, int E, int NB>
+struct akd_shape {
+    static constexpr int NW = E >= 256 ? 2 : 4;
+    static constexpr int KS = ROW == ROW_F16 ? 2 * E + 32 : E + 16;
+    static constexpr int VS = ROW == ROW_F16 ? 2 * E + 16 : E + 16;
+    static constexpr int STAGE = AKD_C * (KS + VS);
+    static constexpr int NST = 3 * STAGE * NW <= 65536 ? 3 : 2;
+    static constexpr int RING = NW * NST * STAGE;
+    static constexpr int MERGE = NW * 8 * NB * (E + 2) * 4;
+    static constexpr int BIG = RING > MERGE ? RING : MERGE;
+    static constexpr int PLD = 24;
+    static constexpr int SMEM = BIG + NW * 32 * 8 + NW * 8 * NB * PLD * 4;
+};
+
+#ifdef AK_MMA_BODY
+/* Asynchronous copies global → shared; ok = 0 writes zeros and reads
+ * nothing (a step's entries past the partition: 0·v, never 0·NaN). */
+static __device__ __forceinline__ void akd_cp16(void *dst, const void *src, bool ok)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void akd_cp4(void *dst, const void *src, bool ok)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void akd_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+static __device__ __forceinline__ void akd_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four int8 codes (bytes 0..3 of w) as two f16 pairs (0,1) and (2,3),
+ * exactly: each code + 128 becomes the low mantissa byte of 1024 (0x6400),
+ * and 1024 + 128 is subtracted. */
+static __device__ __forceinline__ void akd_i8x4(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t u = w ^ 0x80808080u;
+    uint32_t x = __byte_perm(u, 0x64646464u, 0x4140), y = __byte_perm(u, 0x64646464u, 0x4342);
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    __half2 hx = __hsub2(*(__half2 *)&x, bias), hy = __hsub2(*(__half2 *)&y, bias);
+    *lo = *(uint32_t *)&hx;
+    *hi = *(uint32_t *)&hy;
+}
+#endif
+
+/* Block (partition s, kv head h, z): the R = T·G rows of kv head h
+ * (dense; row r: query r / G, head h·G + r % G, causal) or query z's G
+ * rows over its list (QSA), R <= 8·NB. Each warp walks every NW-th step of
+ * 16 entries of the partition, loaded by cp.async NST - 1 steps ahead, and
+ * keeps its own online softmax; the block merges its warps at the end and
+ * writes one partial per row. The products are transposed so that the
+ * cells fill the 16 rows of the mma and the few query rows its 8 columns:
+ * Sᵀ = K·Qᵀ (A = 16 K rows, B = Q as f16 hi + lo, in registers), then
+ * Oᵀ += Vᵀ·Pᵀ (A = Vᵀ, B = P as hi + lo through shared memory). int8 rows
+ * enter as their codes, exact in f16: a K row's scale multiplies its
+ * scores, a V row's is folded into P. Any order of a product's reduction
+ * index and of Oᵀ's rows serves as long as both operands follow it: lane
+ * (g, t4) takes head-dim elements 16ks + 4t4 .. +3 as its k of step ks
+ * (one 4-element load of a K row), and Oᵀ's m-tiles 2j, 2j+1 hold the
+ * elements 32j + 4g + {0, 1} and {2, 3} (one 4-element load of a V row). */
+template <int ROW, int E, int NB>
+__global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB>::NW) ak_dec(ak_args a)
+{
+#ifdef AK_MMA_BODY
+    using SH = akd_shape<ROW, E, NB>;
+    constexpr int NW = SH::NW, KS = SH::KS, VS = SH::VS, NST = SH::NST, PLD = SH::PLD, KT = E / 16;
+    constexpr int MT = E / 16, NR = 8 * NB;
+    extern __shared__ __align__(16) uint8_t ak_smem[];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
+    uint8_t *ring = ak_smem + (size_t)w * NST * SH::STAGE;
+    const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 32;
+    float *ps = (float *)(ak_smem + SH::BIG + NW * 32 * 8) + w * NR * PLD;
+    const int32_t *list = NULL;
+    int R, n_ent, tz = 0;
+    if (a.qsa) {
+        tz = blockIdx.z;
+        R = G;
+        list = a.sel + a.sel_off[tz];
+        n_ent = (int)(a.sel_off[tz + 1] - a.sel_off[tz]);
+    } else {
+        R = a.T * G;
+        n_ent = p0 + a.T;
+    }
+    auto out_row = [&](int r) { return (a.qsa ? tz : r / G) * a.H + h * G + r % G; };
+    int e_lo = s * a.plen, e_hi = min(n_ent, e_lo + a.plen);
+
+    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
+    uint32_t qh[NB][KT][2], ql[NB][KT][2];
+    int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see */
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        int r = 8 * nb + g;
+        const float *src = r < R ? a.q + (size_t)out_row(r) * E : NULL;
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            int e = 16 * ks + 4 * t4;
+            float x0 = src ? src[e] : 0.0f, x1 = src ? src[e + 1] : 0.0f;
+            float x2 = src ? src[e + 2] : 0.0f, x3 = src ? src[e + 3] : 0.0f;
+            ak_split2(x0, x1, &qh[nb][ks][0], &ql[nb][ks][0]);
+            ak_split2(x2, x3, &qh[nb][ks][1], &ql[nb][ks][1]);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+            lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
+    }
+
+    int n_steps = e_hi > e_lo ? (e_hi - e_lo + AKD_C - 1) / AKD_C : 0;
+    int my = n_steps > w ? (n_steps - w + NW - 1) / NW : 0; /* this warp's steps */
+    /* the warp's step i into stage i % NST: lanes 0-15 find the K rows of
+     * its 16 entries, lanes 16-31 the V rows, then all copy */
+    auto issue = [&](int i) {
+        __syncwarp(); /* the last step's pointers are read */
+        int ent = e_lo + (w + i * NW) * AKD_C + (lane & 15);
+        const uint8_t *p = NULL;
+        if (ent < e_hi) {
+            int cell = list ? list[ent] : ent;
+            p = lane < 16 ? ak_krow(a, h, cell) : ak_vrow(a, h, cell);
+        }
+        rp[lane] = p;
+        __syncwarp();
+        uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + AKD_C * KS;
+        if constexpr (ROW == ROW_F16) {
+            constexpr int LPR = 2 * E / 16; /* 16-byte pieces of a row */
+#pragma unroll
+            for (int q = lane; q < 32 * LPR; q += 32) {
+                int row = q / LPR, col = q % LPR;
+                const uint8_t *src = rp[row];
+                uint8_t *dst = row < 16 ? kst + row * KS + col * 16 : vst + (row - 16) * VS + col * 16;
+                akd_cp16(dst, src ? src + col * 16 : a.pages, src != NULL);
+            }
+        } else {
+            /* rows of E + 4 bytes, 4-aligned: words, lane-strided per row;
+             * the words past the last multiple of 32 spread over the lanes */
+            constexpr int NWR = (E + 4) / 4, MAIN = NWR / 32 * 32, TAIL = NWR - MAIN;
+#pragma unroll 4
+            for (int row = 0; row < 32; row++) {
+                const uint8_t *src = rp[row];
+                uint8_t *dst = row < 16 ? kst + row * KS : vst + (row - 16) * VS;
+#pragma unroll
+                for (int wd = lane; wd < MAIN; wd += 32)
+                    akd_cp4(dst + 4 * wd, src ? src + 4 * wd : a.pages, src != NULL);
+            }
+#pragma unroll
+            for (int q = lane; q < 32 * TAIL; q += 32) {
+                int row = q / TAIL, wd = MAIN + q % TAIL;
+                const uint8_t *src = rp[row];
+                uint8_t *dst = row < 16 ? kst + row * KS : vst + (row - 16) * VS;
+                akd_cp4(dst + 4 * wd, src ? src + 4 * wd : a.pages, src != NULL);
+            }
+        }
+        akd_commit();
+    };
+
+    float O[NB][MT][4], m[NB][2], l[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            O[nb][mt][0] = O[nb][mt][1] = O[nb][mt][2] = O[nb][mt][3] = 0.0f;
+        m[nb][0] = m[nb][1] = -INFINITY;
+        l[nb][0] = l[nb][1] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) {
+        if (i < my)
+            issue(i);
+        else
+            akd_commit(); /* empty groups keep the count of wait_group right */
+    }
+    for (int i = 0; i < my; i++) {
+        if (i + NST - 1 < my)
+            issue(i + NST - 1);
+        else
+            akd_commit();
+        akd_wait<NST - 1>(); /* step i's group is complete */
+        __syncwarp();
+        const uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + AKD_C * KS;
+        int c0 = e_lo + (w + i * NW) * AKD_C;
+
+        /* Sᵀ = K·Qᵀ: rows cells g and g+8, columns query rows 2t4, 2t4+1 */
+        float S[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+            S[nb][0] = S[nb][1] = S[nb][2] = S[nb][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            uint32_t af[4];
+            if constexpr (ROW == ROW_F16) {
+                uint2 x = *(const uint2 *)(kst + g * KS + 32 * ks + 8 * t4);
+                uint2 y = *(const uint2 *)(kst + (g + 8) * KS + 32 * ks + 8 * t4);
+                af[0] = x.x;
+                af[2] = x.y;
+                af[1] = y.x;
+                af[3] = y.y;
+            } else {
+                uint32_t x = *(const uint32_t *)(kst + g * KS + 4 + 16 * ks + 4 * t4);
+                uint32_t y = *(const uint32_t *)(kst + (g + 8) * KS + 4 + 16 * ks + 4 * t4);
+                akd_i8x4(x, &af[0], &af[2]);
+                akd_i8x4(y, &af[1], &af[3]);
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                ak_mma16816(S[nb], af, ql[nb][ks][0], ql[nb][ks][1]);
+                ak_mma16816(S[nb], af, qh[nb][ks][0], qh[nb][ks][1]);
+            }
+        }
+        float kA = a.scale, kB = a.scale, dvA = 1.0f, dvB = 1.0f;
+        if constexpr (ROW == ROW_I8) {
+            kA *= *(const float *)(kst + g * KS);
+            kB *= *(const float *)(kst + (g + 8) * KS);
+            dvA = *(const float *)(vst + g * VS);
+            dvB = *(const float *)(vst + (g + 8) * VS);
+        }
+        int entA = c0 + g, entB = c0 + g + 8;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                S[nb][c] = entA < e_hi && entA <= lim[nb][c] ? S[nb][c] * kA : -INFINITY;
+                S[nb][2 + c] = entB < e_hi && entB <= lim[nb][c] ? S[nb][2 + c] * kB : -INFINITY;
+            }
+            /* online softmax of rows 2t4 + c over the 16 cells (lanes g) */
+            float x0 = fmaxf(S[nb][0], S[nb][2]), x1 = fmaxf(S[nb][1], S[nb][3]);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                x0 = fmaxf(x0, gpu_shfl_xor(x0, o));
+                x1 = fmaxf(x1, gpu_shfl_xor(x1, o));
+            }
+            float n0 = fmaxf(m[nb][0], x0), n1 = fmaxf(m[nb][1], x1);
+            /* a row with only -inf so far keeps m = -inf and weighs nothing */
+            float al0 = n0 == -INFINITY || m[nb][0] == -INFINITY ? 0.0f : expf(m[nb][0] - n0);
+            float al1 = n1 == -INFINITY || m[nb][1] == -INFINITY ? 0.0f : expf(m[nb][1] - n1);
+            float p0 = S[nb][0] == -INFINITY ? 0.0f : expf(S[nb][0] - n0);
+            float p1 = S[nb][1] == -INFINITY ? 0.0f : expf(S[nb][1] - n1);
+            float p2 = S[nb][2] == -INFINITY ? 0.0f : expf(S[nb][2] - n0);
+            float p3 = S[nb][3] == -INFINITY ? 0.0f : expf(S[nb][3] - n1);
+            l[nb][0] = l[nb][0] * al0 + (p0 + p2); /* this lane's cells; summed over g at the end */
+            l[nb][1] = l[nb][1] * al1 + (p1 + p3);
+            m[nb][0] = n0;
+            m[nb][1] = n1;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                O[nb][mt][0] *= al0;
+                O[nb][mt][1] *= al1;
+                O[nb][mt][2] *= al0;
+                O[nb][mt][3] *= al1;
+            }
+            float *pr = ps + (8 * nb + 2 * t4) * PLD;
+            pr[g] = p0 * dvA;
+            pr[PLD + g] = p1 * dvA;
+            pr[g + 8] = p2 * dvB;
+            pr[PLD + g + 8] = p3 * dvB;
+        }
+        __syncwarp();
+        /* Pᵀ's B fragments: row g (of the n-tile), cells 2t4.. and 2t4+8.. */
+        uint32_t ph[NB][2], pl[NB][2];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const float *pr = ps + (8 * nb + g) * PLD + 2 * t4;
+            float2 u = *(const float2 *)pr, v = *(const float2 *)(pr + 8);
+            ak_split2(u.x, u.y, &ph[nb][0], &pl[nb][0]);
+            ak_split2(v.x, v.y, &ph[nb][1], &pl[nb][1]);
+        }
+        /* Oᵀ += Vᵀ·Pᵀ: A of m-tiles 2j, 2j+1 from cells 2t4, 2t4+1, 2t4+8,
+         * 2t4+9, elements 32j + 4g .. +3, paired across cells */
+#pragma unroll
+        for (int j = 0; j < E / 32; j++) {
+            uint32_t a0[4], a1[4];
+            if constexpr (ROW == ROW_F16) {
+                const uint8_t *vb = vst + 64 * j + 8 * g;
+                uint2 w0 = *(const uint2 *)(vb + (2 * t4) * VS), w1 = *(const uint2 *)(vb + (2 * t4 + 1) * VS);
+                uint2 w8 = *(const uint2 *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint2 *)(vb + (2 * t4 + 9) * VS);
+                a0[0] = __byte_perm(w0.x, w1.x, 0x5410);
+                a0[1] = __byte_perm(w0.x, w1.x, 0x7632);
+                a0[2] = __byte_perm(w8.x, w9.x, 0x5410);
+                a0[3] = __byte_perm(w8.x, w9.x, 0x7632);
+                a1[0] = __byte_perm(w0.y, w1.y, 0x5410);
+                a1[1] = __byte_perm(w0.y, w1.y, 0x7632);
+                a1[2] = __byte_perm(w8.y, w9.y, 0x5410);
+                a1[3] = __byte_perm(w8.y, w9.y, 0x7632);
+            } else {
+                const uint8_t *vb = vst + 4 + 32 * j + 4 * g;
+                uint32_t w0 = *(const uint32_t *)(vb + (2 * t4) * VS), w1 = *(const uint32_t *)(vb + (2 * t4 + 1) * VS);
+                uint32_t w8 = *(const uint32_t *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint32_t *)(vb + (2 * t4 + 9) * VS);
+                akd_i8x4(__byte_perm(w0, w1, 0x5140), &a0[0], &a0[1]);
+                akd_i8x4(__byte_perm(w8, w9, 0x5140), &a0[2], &a0[3]);
+                akd_i8x4(__byte_perm(w0, w1, 0x7362), &a1[0], &a1[1]);
+                akd_i8x4(__byte_perm(w8, w9, 0x7362), &a1[2], &a1[3]);
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                ak_mma16816(O[nb][2 * j], a0, pl[nb][0], pl[nb][1]);
+                ak_mma16816(O[nb][2 * j], a0, ph[nb][0], ph[nb][1]);
+                ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][0], pl[nb][1]);
+                ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][0], ph[nb][1]);
+            }
+        }
+        __syncwarp(); /* the stage and the Pᵀ tile are read */
+    }
+
+    /* the block's merge: each warp's (m, l, Oᵀ) in the rings' place */
+    akd_wait<0>();
+    __syncthreads();
+    float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ow = lw + NW * NR; /* (NW, NR), (NW, NR), (NW, NR, E) */
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float lt = l[nb][c];
+            lt += gpu_shfl_xor(lt, 4);
+            lt += gpu_shfl_xor(lt, 8);
+            lt += gpu_shfl_xor(lt, 16);
+            if (g == 0) {
+                mw[w * NR + 8 * nb + 2 * t4 + c] = m[nb][c];
+                lw[w * NR + 8 * nb + 2 * t4 + c] = lt;
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = 8 * nb + 2 * t4 + (i & 1), e = 32 * (mt >> 1) + 4 * g + (i >> 1) + 2 * (mt & 1);
+                ow[(w * NR + r) * E + e] = O[nb][mt][i];
+            }
+    }
+    __syncthreads();
+    int TH = a.T * a.H;
+    for (int idx = threadIdx.x; idx < R * E; idx += NW * 32) {
+        int r = idx / E, e = idx % E;
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < NW; v++)
+            M = fmaxf(M, mw[v * NR + r]);
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NW; v++) {
+            float mv = mw[v * NR + r];
+            if (mv == -INFINITY)
+                continue; /* a warp that saw no cell of this row */
+            float wt = expf(mv - M);
+            L = fmaf(wt, lw[v * NR + r], L);
+            acc = fmaf(wt, ow[(v * NR + r) * E + e], acc);
+        }
+        size_t row = (size_t)s * TH + out_row(r);
+        if (e == 0) {
+            a.ml[row * 2] = M;
+            a.ml[row * 2 + 1] = L;
+        }
+        if (M != -INFINITY)
+            a.acc[row * E + e] = acc;
+    }
+#else
+    (void)a;
+#endif
+}
+
+/* ==== host: device facts, the table, the launchers ==== */
+
+/* Compute capability (major·10 + minor) and SM count of the current device,
+ * cached per device. */
+static int ak_device(int *arch, int *sms, char *err, size_t errlen)
+{
+    static int c_arch[64], c_sms[64];
+    int dev = 0;
+    GPU_TRY(cudaGetDevice(&dev), err, errlen);
+    if (dev < 0 || dev >= 64 || !c_arch[dev]) {
+        int major = 0, minor = 0, n = 0;
+        GPU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), err, errlen);
+        GPU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), err, errlen);
+        GPU_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), err, errlen);
+        if (dev < 0 || dev >= 64) {
+            *arch = major * 10 + minor;
+            *sms = n;
+            return 0;
+        }
+        c_arch[dev] = major * 10 + minor;
+        c_sms[dev] = n;
+    }
+    *arch = c_arch[dev];
+    *sms = c_sms[dev];
+    return 0;
+}
+
+static int ak_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[0] == '1' && v[1] == 0;
+}
+
+enum ak_path { AP_PROMPT = 1, AP_DECODE = 2, AP_QSA_PROMPT = 4, AP_QSA_DECODE = 8, AP_ALL = 15 };
+enum ak_kern { AK_RDNA2, AK_MMA, AK_I8, AK_DEC, AK_SIMT };
+enum ak_envreq { ENV_NONE, ENV_PRE75, ENV_QSA_SPLIT };
+
+#define AK_CELLS_MMA ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8) | (1u << KV_CELL_Q4) | (1u << KV_CELL_K8V4))
+#define AK_DIMS_MMA 7u /* bit 0: E 64, bit 1: 128, bit 2: 256; bit 3: any other */
+#define AK_ANY 0xffffffffu
+#define AK_CELLS_DEC ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8))
+
+/* The dispatch table: the first rule matching (path, arch, cell, E, rows,
+ * env) picks the kernel; rows: the query rows that share one walk over the
+ * cells (T·G dense, G QSA), at most max_rows (0: any). Decode windows above
+ * AK_DECODE_T queries count as prompts (the split grid would hold too many
+ * rows). */
+static const struct ak_rule {
+    unsigned paths;
+    int min_arch, max_arch;
+    unsigned cells, dims;
+    int max_rows, env, kern;
+    const char *name;
+} ak_table[] = {
+    {AP_ALL, 0, 79, AK_ANY, AK_ANY, 0, ENV_NONE, AK_RDNA2, "rdna2 (no matrix cores: below sm_80)"},
+    {AP_ALL, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_PRE75, AK_RDNA2, "rdna2 (STRATA_ATTN_PRE75=1)"},
+    {AP_QSA_DECODE, 80, INT_MAX, 1u << KV_CELL_INT8, AK_DIMS_MMA, 0, ENV_QSA_SPLIT, AK_I8,
+     "i8mma qsa split-KV + merge (STRATA_QSA_SPLIT_ATTN=1)"},
+    {AP_DECODE, 80, INT_MAX, AK_CELLS_DEC, 3u, 16, ENV_NONE, AK_DEC, "dec16 split-KV + merge"},
+    {AP_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 split-KV + merge"},
+    {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 3u, 16, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
+    {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
+    {AP_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 prompt"},
+    {AP_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 split-KV + merge"},
+    {AP_QSA_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa"},
+    {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa split-KV + merge"},
+    {AP_PROMPT, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt prompt"},
+    {AP_DECODE, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt split-KV + merge"},
+    {AP_QSA_PROMPT, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt qsa"},
+    {AP_QSA_DECODE, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt qsa split-KV + merge"},
+};
+
+static int ak_path_of(const struct gpu_attn *a, int decode, int qsa)
+{
+    int split = decode && a->T <= AK_DECODE_T;
+    return qsa ? (split ? AP_QSA_DECODE : AP_QSA_PROMPT) : (split ? AP_DECODE : AP_PROMPT);
+}
+
+static const struct ak_rule *ak_pick(const struct gpu_attn *a, int path, int arch)
+{
+    int E = a->kv.E, G = a->H / (a->kv.K > 0 ? a->kv.K : 1);
+    int rows = path & (AP_QSA_PROMPT | AP_QSA_DECODE) ? G : a->T * G;
+    unsigned dim = E == 64 ? 1u : E == 128 ? 2u : E == 256 ? 4u : 8u;
+    for (size_t i = 0; i < sizeof ak_table / sizeof *ak_table; i++) {
+        const struct ak_rule *r = &ak_table[i];
+        if (!(r->paths & (unsigned)path) || arch < r->min_arch || arch > r->max_arch ||
+            !(r->cells & (1u << a->kv.cell)) || !(r->dims & dim) || (r->max_rows && rows > r->max_rows))
+            continue;
+        if ((r->env == ENV_PRE75 && !ak_env("STRATA_ATTN_PRE75")) ||
+            (r->env == ENV_QSA_SPLIT && !ak_env("STRATA_QSA_SPLIT_ATTN")))
+            continue;
+        return r;
+    }
+    return &ak_table[sizeof ak_table / sizeof *ak_table - 1]; /* unreachable: the simt rows match all */
+}
+
+/* Split-KV: S partitions of whole 64-entry steps over at most n_max
+ * entries, enough blocks with the other grid dimensions for about per_sm
+ * per SM, at most cap partitions. */
+static void ak_split(int n_max, int other, int sms, int per_sm, int cap, int *S, int *plen)
+{
+    int chunks = (n_max + AK_BC - 1) / AK_BC;
+    if (chunks < 1)
+        chunks = 1;
+    int s = (per_sm * sms + other - 1) / (other > 0 ? other : 1);
+    cap = chunks < cap ? chunks : cap;
+    s = s < 1 ? 1 : s > cap ? cap : s;
+    int per = (chunks + s - 1) / s;
+    *plen = per * AK_BC;
+    *S = (chunks + per - 1) / per;
+}
+
+static size_t ak_round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E)
+{
+    size_t Td = T < 1 ? 1 : T > AK_DECODE_T ? AK_DECODE_T : T;
+    size_t Sc = (size_t)((max_cells + AK_BC - 1) / AK_BC);
+    Sc = Sc < 1 ? 1 : Sc > AK_SPLIT_MAX ? AK_SPLIT_MAX : Sc;
+    size_t rows = Sc * Td * (size_t)(H > 0 ? H : 1);
+    size_t mine = (ak_round64(rows * 2) + rows * (size_t)(E > 0 ? E : 1)) * sizeof(float);
+    /* the table may pick attn_hip.hip's kernels (STRATA_ATTN_PRE75=1, old cards) */
+    size_t rd = gpu_attn_rdna2_scratch_bytes(H, T, max_cells, E);
+    return mine > rd ? mine : rd;
+}
+
+typedef void (*ak_fn)(ak_args);
+
+template <int E>
+static ak_fn ak_mma_of(int cell, int qk8)
+{
+    if (qk8)
+        return ak_mma<ROW_I8, ROW_I8, E, true>;
+    switch (cell) {
+    case KV_CELL_F16: return ak_mma<ROW_F16, ROW_F16, E, false>;
+    case KV_CELL_INT8: return ak_mma<ROW_I8, ROW_I8, E, false>;
+    case KV_CELL_Q4: return ak_mma<ROW_Q4, ROW_Q4, E, false>;
+    default: return ak_mma<ROW_I8, ROW_Q4, E, false>;
+    }
+}
+
+template <int NE>
+static ak_fn ak_simt_of(int cell)
+{
+    switch (cell) {
+    case KV_CELL_F32: return ak_simt<ROW_F32, ROW_F32, NE>;
+    case KV_CELL_F16: return ak_simt<ROW_F16, ROW_F16, NE>;
+    case KV_CELL_INT8: return ak_simt<ROW_I8, ROW_I8, NE>;
+    case KV_CELL_Q4: return ak_simt<ROW_Q4, ROW_Q4, NE>;
+    default: return ak_simt<ROW_I8, ROW_Q4, NE>;
+    }
+}
+
+static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
+{
+    ak_args a;
+    memset(&a, 0, sizeof a);
+    a.pages = g->kv.pages;
+    a.page_bytes = g->kv.page_bytes;
+    a.kbytes = g->kv.kbytes;
+    a.vbytes = g->kv.vbytes;
+    a.pt = g->kv.page_table;
+    a.P = g->kv.P;
+    a.K = g->kv.K;
+    a.E = g->kv.E;
+    a.H = g->H;
+    a.G = g->H / g->kv.K;
+    a.T = g->T;
+    a.layer = g->layer;
+    a.q = g->q;
+    a.out = g->out;
+    a.pos0 = g->pos0;
+    a.scale = g->scale;
+    a.sel = g->sel;
+    a.sel_off = g->sel_off;
+    a.plen = INT_MAX;
+    a.qsa = qsa;
+    return a;
+}
+
+/* The merge of S partials into g->out. */
+static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
+                           size_t errlen)
+{
+    int TH = g->T * g->H;
+    ak_merge<<<(TH + 3) / 4, 128, 0, st>>>(a.ml, a.acc, S, TH, g->kv.E, g->out);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
+}
+
+static void ak_partials(const struct gpu_attn *g, ak_args *a, int S)
+{
+    size_t rows = (size_t)S * g->T * g->H;
+    a->ml = (float *)g->scratch;
+    a->acc = a->ml + ak_round64(rows * 2);
+}
+
+static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, gpuStream_t st, char *err,
+                         size_t errlen)
+{
+    int qsa = path & (AP_QSA_PROMPT | AP_QSA_DECODE), split = path & (AP_DECODE | AP_QSA_DECODE);
+    ak_args a = ak_args_of(g, qsa != 0);
+    int G = a.G, K = a.K, E = a.E, T = g->T;
+    int rows = qsa ? G : T * G; /* rows sharing one entry list */
+    int nq = (rows + 15) / 16;  /* warps with rows: the others only load */
+    nq = nq > 4 || (!qsa && !split) ? 4 : nq;
+    a.rt = 16 * nq;
+    a.tiles = (rows + a.rt - 1) / a.rt;
+    int gz = qsa ? T * a.tiles : a.tiles, S = 1;
+    if (split) {
+        ak_split(g->max_cells, K * gz, sms, 2, AK_SPLIT_MMA, &S, &a.plen);
+        ak_partials(g, &a, S);
+    }
+    int cell = g->kv.cell;
+    ak_fn fn = E == 64 ? ak_mma_of<64>(cell, qk8) : E == 128 ? ak_mma_of<128>(cell, qk8) : ak_mma_of<256>(cell, qk8);
+    size_t smem = ak_mma_smem(E, a.rt, qk8);
+    GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+            errlen);
+    fn<<<dim3(S, K, gz), AK_THREADS, smem, st>>>(a);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
+}
+
+template <int ROW, int E, int NB>
+static void akd_of(ak_fn *fn, int *smem, int *nw)
+{
+    *fn = ak_dec<ROW, E, NB>;
+    *smem = akd_shape<ROW, E, NB>::SMEM;
+    *nw = akd_shape<ROW, E, NB>::NW;
+}
+
+template <int ROW>
+static void akd_pick(int E, int nb, ak_fn *fn, int *smem, int *nw)
+{
+    if (E == 64 && nb == 1)
+        akd_of<ROW, 64, 1>(fn, smem, nw);
+    else if (E == 64)
+        akd_of<ROW, 64, 2>(fn, smem, nw);
+    else if (E == 128 && nb == 1)
+        akd_of<ROW, 128, 1>(fn, smem, nw);
+    else if (E == 128)
+        akd_of<ROW, 128, 2>(fn, smem, nw);
+    else
+        akd_of<ROW, 256, 1>(fn, smem, nw);
+}
+
+/* ak_dec over about 8 blocks per SM (two to four waves at the 2-4 blocks
+ * an SM holds), then the merge. The table guarantees f16 or int8 cells, E
+ * 64/128 with up to 16 rows or 256 with up to 8. */
+static int ak_launch_dec(const struct gpu_attn *g, int path, int sms, gpuStream_t st, char *err, size_t errlen)
+{
+    int qsa = path == AP_QSA_DECODE;
+    ak_args a = ak_args_of(g, qsa);
+    int rows = qsa ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa ? g->T : 1, S = 1;
+    ak_split(g->max_cells, a.K * Z, sms, 8, AK_SPLIT_MAX, &S, &a.plen);
+    ak_partials(g, &a, S);
+    ak_fn fn;
+    int smem, nw;
+    if (g->kv.cell == KV_CELL_INT8)
+        akd_pick<ROW_I8>(a.E, nb, &fn, &smem, &nw);
+    else
+        akd_pick<ROW_F16>(a.E, nb, &fn, &smem, &nw);
+    GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
+            errlen);
+    fn<<<dim3(S, a.K, Z), 32 * nw, smem, st>>>(a);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return ak_launch_merge(g, a, S, st, err, errlen);
+}
+
+static int ak_launch_simt(const struct gpu_attn *g, int path, int sms, gpuStream_t st, char *err, size_t errlen)
+{
+    int qsa = path & (AP_QSA_PROMPT | AP_QSA_DECODE), split = path & (AP_DECODE | AP_QSA_DECODE);
+    ak_args a = ak_args_of(g, qsa != 0);
+    int E = a.E, TH = g->T * g->H, bx = (TH + AK_SIMT_ROWS - 1) / AK_SIMT_ROWS, S = 1;
+    if (split) {
+        ak_split(g->max_cells, bx, sms, 2, AK_SPLIT_MMA, &S, &a.plen);
+        ak_partials(g, &a, S);
+    }
+    ak_fn fn = E <= 64 ? ak_simt_of<2>(g->kv.cell)
+             : E <= 128 ? ak_simt_of<4>(g->kv.cell)
+             : E <= 256 ? ak_simt_of<8>(g->kv.cell)
+                        : ak_simt_of<16>(g->kv.cell);
+    fn<<<dim3(bx, S), 32 * AK_SIMT_ROWS, 0, st>>>(a);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
+}
+
+static int ak_check(const struct gpu_attn *g, int path, char *err, size_t errlen)
+{
+    const struct gpu_kv *kv = &g->kv;
+    if (!kv->pages || !kv->page_table || !g->q || !g->out || !g->pos0)
+        return strata_errf(err, errlen, "gpu attention: missing pages, page table, q, out or pos0");
+    if (kv->cell < 0 || kv->cell >= KV_CELL_COUNT || kv->K <= 0 || kv->E <= 0 || kv->P <= 0)
+        return strata_errf(err, errlen, "gpu attention: bad cache shape (cell %d, %d kv heads, head dim %d)",
+                           kv->cell, kv->K, kv->E);
+    if (g->H <= 0 || g->H % kv->K)
+        return strata_errf(err, errlen, "gpu attention: %d query heads do not share %d kv heads evenly", g->H,
+                           kv->K);
+    if (kv->E > 512)
+        return strata_errf(err, errlen, "gpu attention: head dim %d, at most 512", kv->E);
+    if (g->layer < 0 || g->layer >= kv->L)
+        return strata_errf(err, errlen, "gpu attention: layer %d of %d", g->layer, kv->L);
+    if (g->T < 0 || g->max_cells < g->T)
+        return strata_errf(err, errlen, "gpu attention: %d queries, at most %d cells", g->T, g->max_cells);
+    if ((path & (AP_QSA_PROMPT | AP_QSA_DECODE)) && (!g->sel || !g->sel_off))
+        return strata_errf(err, errlen, "gpu attention: QSA without a cell selection");
+    if ((path & (AP_DECODE | AP_QSA_DECODE)) && !g->scratch)
+        return strata_errf(err, errlen, "gpu attention: split-KV decode without scratch");
+    return 0;
+}
+
+static int ak_run(const struct gpu_attn *g, int decode, int qsa, void *stream, char *err, size_t errlen)
+{
+    int path = ak_path_of(g, decode, qsa), arch = 0, sms = 0;
+    if (ak_check(g, path, err, errlen) || ak_device(&arch, &sms, err, errlen))
+        return -1;
+    if (g->T == 0)
+        return 0;
+    gpuStream_t st = (gpuStream_t)stream;
+    const struct ak_rule *r = ak_pick(g, path, arch);
+    switch (r->kern) {
+    case AK_RDNA2:
+        switch (path) {
+        case AP_PROMPT: return gpu_attn_prompt_rdna2(g, stream, err, errlen);
+        case AP_DECODE: return gpu_attn_decode_rdna2(g, stream, err, errlen);
+        case AP_QSA_PROMPT: return gpu_attn_qsa_prompt_rdna2(g, stream, err, errlen);
+        default: return gpu_attn_qsa_decode_rdna2(g, stream, err, errlen);
+        }
+    case AK_MMA: return ak_launch_mma(g, path, 0, sms, st, err, errlen);
+    case AK_DEC: return ak_launch_dec(g, path, sms, st, err, errlen);
+    case AK_I8: {
+        static int said;
+        if (!said) {
+            said = 1;
+            fprintf(stderr, "strata: STRATA_QSA_SPLIT_ATTN=1: QSA decode takes the int8-mma split path\n");
+        }
+        return ak_launch_mma(g, path, 1, sms, st, err, errlen);
+    }
+    default: return ak_launch_simt(g, path, sms, st, err, errlen);
+    }
+}
+
+int gpu_attn_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
+{
+    return ak_run(a, 0, 0, stream, err, errlen);
+}
+
+int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
+{
+    return ak_run(a, 1, 0, stream, err, errlen);
+}
+
+int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
+{
+    return ak_run(a, 0, 1, stream, err, errlen);
+}
+
+int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
+{
+    return ak_run(a, 1, 1, stream, err, errlen);
+}
+
+const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa)
+{
+    int arch = 0, sms = 0;
+    char err[8];
+    if (ak_device(&arch, &sms, err, sizeof err))
+        return "none (no device)";
+    return ak_pick(a, ak_path_of(a, decode, qsa), arch)->name;
+}
+
+/* ==== synchronisation and timing for the tests ==== */
+
+int gpu_attn_test_sync(void)
+{
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
+}
+
+double gpu_attn_test_time(int (*fn)(void *), void *arg, int reps)
+{
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess)
+        return -1;
+    if (cudaEventCreate(&e1) != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return -1;
+    }
+    float ms = -1;
+    int bad = fn(arg) != 0;
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < reps && !bad; i++)
+        bad = fn(arg) != 0;
+    cudaEventRecord(e1, 0);
+    if (!bad && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+        ms /= reps > 0 ? reps : 1;
+    else
+        ms = -1;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return ms;
+}

@@ -1,8 +1,892 @@
 /*
- * gpu.cu — skeleton: the helper "gpu-forward" replaces this file.
+ * gpu.cu — the GPU forward pass (CUDA, and HIP through gpu_compat.h): the
+ * weights uploaded once and kept quantised, the decode matrix-vector kernels
+ * per block format (int8 dot products against an activation quantised on the
+ * device in blocks of 32), norms, RoPE, SwiGLU, MoE routing and expert
+ * selection on the device, residuals, logits; gpu_kv_store (f32 rows into
+ * kv.c's cell formats, byte for byte as kv_store writes them); KV page
+ * memory (gpu_kv_mem); the decode step captured once per context as a graph.
+ * Prompt matrix products go to gpu_gemm.cu where it takes the type, else to
+ * the matrix-vector kernels over batches of tokens (STRATA_GPU_NO_GEMM=1
+ * forces that); STRATA_GPU_NO_GRAPH=1 runs decode without the graph.
+ * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
+ * launchers. It must not touch kv.c's tables (only the page bytes) and never
+ * prints.
  */
 #include "gpu.h"
 #include "gpu_compat.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GF_AB 32          /* activation block: int8 codes with one scale */
+#define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
+#define GF_NT 8           /* tokens per weight read in the prompt fallback */
+#define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
+
+/* One activation block's scales: x = d (the f16-rounded scale, as quant.c's
+ * Q8_0/Q8_1 store it), y = Q8_1's s (f16 of d·Σq), z = Σq. */
+typedef float4 gf_ads;
+
+/* ==== device helpers ==== */
+
+static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ uint16_t gf_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
+static __device__ __forceinline__ uint16_t gf_ld16(const uint8_t *p) { return *(const uint16_t *)p; }
+/* 4 bytes at a 2-aligned address (the blocks of 18, 22, 34, 210 bytes) */
+static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
+{
+    const uint16_t *q = (const uint16_t *)p;
+    return (int)((uint32_t)q[0] | (uint32_t)q[1] << 16);
+}
+/* bits 0..3 of h to bit 4 of bytes 0..3 */
+static __device__ __forceinline__ int gf_bit4(uint32_t h)
+{
+    return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
+}
+
+static __device__ __forceinline__ void gf_k4_scale_min(int j, const uint8_t *s, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* ==== one unit of a weight row against the activation ====
+ * Each type is a struct: BLK elements in BYTES bytes per block, UNITS units
+ * per block (one lane's work per step); load() reads a unit's weights into
+ * registers once, dot() meets one activation row with them, so the batched
+ * kernel reads the weights once for all its tokens. aq/ads point at the
+ * activation's block that lines up with the weight block. */
+
+struct gf_q4_0 {
+    enum { BLK = 32, BYTES = 18, UNITS = 1, FLOAT = 0 };
+    float d;
+    int q[4];
+    __device__ void load(const uint8_t *bx, int) {
+        d = gf_h2f(gf_ld16(bx));
+        for (int i = 0; i < 4; i++) q[i] = gf_ld32h(bx + 2 + 4 * i);
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+        const int lo[4] = {a0.x, a0.y, a0.z, a0.w}, hi[4] = {a1.x, a1.y, a1.z, a1.w};
+        int s = 0;
+        for (int i = 0; i < 4; i++) {
+            s = gpu_dp4a(q[i] & 0x0F0F0F0F, lo[i], s);
+            s = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, hi[i], s);
+        }
+        gf_ads a = ads[0];
+        return d * a.x * (float)(s - 8 * (int)a.z);
+    }
+};
+
+struct gf_q4_1 {
+    enum { BLK = 32, BYTES = 20, UNITS = 1, FLOAT = 0 };
+    float d, m;
+    int q[4];
+    __device__ void load(const uint8_t *bx, int) {
+        d = gf_h2f(gf_ld16(bx));
+        m = gf_h2f(gf_ld16(bx + 2));
+        for (int i = 0; i < 4; i++) q[i] = ((const int *)(bx + 4))[i];
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+        const int lo[4] = {a0.x, a0.y, a0.z, a0.w}, hi[4] = {a1.x, a1.y, a1.z, a1.w};
+        int s = 0;
+        for (int i = 0; i < 4; i++) {
+            s = gpu_dp4a(q[i] & 0x0F0F0F0F, lo[i], s);
+            s = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, hi[i], s);
+        }
+        gf_ads a = ads[0];
+        return d * a.x * (float)s + m * a.y;
+    }
+};
+
+struct gf_q5_0 {
+    enum { BLK = 32, BYTES = 22, UNITS = 1, FLOAT = 0 };
+    float d;
+    int lo[4], hi[4];
+    __device__ void load(const uint8_t *bx, int) {
+        d = gf_h2f(gf_ld16(bx));
+        uint32_t h = (uint32_t)gf_ld32h(bx + 2);
+        for (int i = 0; i < 4; i++) {
+            int q = gf_ld32h(bx + 6 + 4 * i);
+            lo[i] = (q & 0x0F0F0F0F) | gf_bit4(h >> (4 * i));
+            hi[i] = ((q >> 4) & 0x0F0F0F0F) | gf_bit4(h >> (16 + 4 * i));
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+        const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
+        int s = 0;
+        for (int i = 0; i < 4; i++) {
+            s = gpu_dp4a(lo[i], al[i], s);
+            s = gpu_dp4a(hi[i], ah[i], s);
+        }
+        gf_ads a = ads[0];
+        return d * a.x * (float)(s - 16 * (int)a.z);
+    }
+};
+
+struct gf_q5_1 {
+    enum { BLK = 32, BYTES = 24, UNITS = 1, FLOAT = 0 };
+    float d, m;
+    int lo[4], hi[4];
+    __device__ void load(const uint8_t *bx, int) {
+        d = gf_h2f(gf_ld16(bx));
+        m = gf_h2f(gf_ld16(bx + 2));
+        uint32_t h = *(const uint32_t *)(bx + 4);
+        for (int i = 0; i < 4; i++) {
+            int q = ((const int *)(bx + 8))[i];
+            lo[i] = (q & 0x0F0F0F0F) | gf_bit4(h >> (4 * i));
+            hi[i] = ((q >> 4) & 0x0F0F0F0F) | gf_bit4(h >> (16 + 4 * i));
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+        const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
+        int s = 0;
+        for (int i = 0; i < 4; i++) {
+            s = gpu_dp4a(lo[i], al[i], s);
+            s = gpu_dp4a(hi[i], ah[i], s);
+        }
+        gf_ads a = ads[0];
+        return d * a.x * (float)s + m * a.y;
+    }
+};
+
+/* Q8_0: two units of 16 codes per block */
+struct gf_q8_0 {
+    enum { BLK = 32, BYTES = 34, UNITS = 2, FLOAT = 0 };
+    float d;
+    int q[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        d = gf_h2f(gf_ld16(bx));
+        u = unit;
+        for (int i = 0; i < 4; i++) q[i] = gf_ld32h(bx + 2 + 16 * unit + 4 * i);
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 a = ((const int4 *)aq)[u];
+        int s = gpu_dp4a(q[0], a.x, 0);
+        s = gpu_dp4a(q[1], a.y, s);
+        s = gpu_dp4a(q[2], a.z, s);
+        s = gpu_dp4a(q[3], a.w, s);
+        return d * ads[0].x * (float)s;
+    }
+};
+
+/* Q4_K: unit u holds 16 bytes of nibbles: 16 elements of sub-block 2p (low
+ * nibbles) and 16 of sub-block 2p+1 (high), p = u/2; the unit with u even
+ * adds both sub-blocks' min terms. */
+struct gf_q4_K {
+    enum { BLK = 256, BYTES = 144, UNITS = 8, FLOAT = 0 };
+    float dlo, dhi, mlo, mhi;
+    int q[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int p = unit >> 1, sc0, m0, sc1, m1;
+        float d = gf_h2f(gf_ld16(bx)), dmin = gf_h2f(gf_ld16(bx + 2));
+        gf_k4_scale_min(2 * p, bx + 4, &sc0, &m0);
+        gf_k4_scale_min(2 * p + 1, bx + 4, &sc1, &m1);
+        dlo = d * sc0;
+        dhi = d * sc1;
+        mlo = (unit & 1) ? 0.0f : dmin * m0;
+        mhi = (unit & 1) ? 0.0f : dmin * m1;
+        const int4 w = ((const int4 *)(bx + 16))[unit];
+        q[0] = w.x, q[1] = w.y, q[2] = w.z, q[3] = w.w;
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int p = u >> 1, l0 = 16 * (u & 1);
+        const int4 al = *(const int4 *)(aq + 64 * p + l0), ah = *(const int4 *)(aq + 64 * p + 32 + l0);
+        const int a0[4] = {al.x, al.y, al.z, al.w}, a1[4] = {ah.x, ah.y, ah.z, ah.w};
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 4; i++) {
+            s0 = gpu_dp4a(q[i] & 0x0F0F0F0F, a0[i], s0);
+            s1 = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, a1[i], s1);
+        }
+        gf_ads b0 = ads[2 * p], b1 = ads[2 * p + 1];
+        return b0.x * (dlo * (float)s0 - mlo * b0.z) + b1.x * (dhi * (float)s1 - mhi * b1.z);
+    }
+};
+
+/* Q5_K: Q4_K's layout plus a fifth bit: element 64p + l takes bit 2p of
+ * qh[l], element 64p + 32 + l bit 2p+1. */
+struct gf_q5_K {
+    enum { BLK = 256, BYTES = 176, UNITS = 8, FLOAT = 0 };
+    float dlo, dhi, mlo, mhi;
+    int lo[4], hi[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int p = unit >> 1, sc0, m0, sc1, m1;
+        float d = gf_h2f(gf_ld16(bx)), dmin = gf_h2f(gf_ld16(bx + 2));
+        gf_k4_scale_min(2 * p, bx + 4, &sc0, &m0);
+        gf_k4_scale_min(2 * p + 1, bx + 4, &sc1, &m1);
+        dlo = d * sc0;
+        dhi = d * sc1;
+        mlo = (unit & 1) ? 0.0f : dmin * m0;
+        mhi = (unit & 1) ? 0.0f : dmin * m1;
+        const int4 w = ((const int4 *)(bx + 48))[unit];
+        const int4 h = ((const int4 *)(bx + 16))[unit & 1];
+        const int wq[4] = {w.x, w.y, w.z, w.w}, hq[4] = {h.x, h.y, h.z, h.w};
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (wq[i] & 0x0F0F0F0F) | (((hq[i] >> (2 * p)) & 0x01010101) << 4);
+            hi[i] = ((wq[i] >> 4) & 0x0F0F0F0F) | (((hq[i] >> (2 * p + 1)) & 0x01010101) << 4);
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int p = u >> 1, l0 = 16 * (u & 1);
+        const int4 al = *(const int4 *)(aq + 64 * p + l0), ah = *(const int4 *)(aq + 64 * p + 32 + l0);
+        const int a0[4] = {al.x, al.y, al.z, al.w}, a1[4] = {ah.x, ah.y, ah.z, ah.w};
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 4; i++) {
+            s0 = gpu_dp4a(lo[i], a0[i], s0);
+            s1 = gpu_dp4a(hi[i], a1[i], s1);
+        }
+        gf_ads b0 = ads[2 * p], b1 = ads[2 * p + 1];
+        return b0.x * (dlo * (float)s0 - mlo * b0.z) + b1.x * (dhi * (float)s1 - mhi * b1.z);
+    }
+};
+
+/* Q6_K: unit u covers half h = u/4 and l = 8(u%4) .. +8 of each of the four
+ * 32-element planes j: low 4 bits from ql (low nibbles for j < 2), top 2 from
+ * bits 2j of qh; the stored value is that minus 32, a scale per 16. */
+struct gf_q6_K {
+    enum { BLK = 256, BYTES = 210, UNITS = 8, FLOAT = 0 };
+    float sc[4];
+    int v[4][2], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int h = unit >> 2, l0 = 8 * (unit & 3);
+        float d = gf_h2f(gf_ld16(bx + 208));
+        const int8_t *scales = (const int8_t *)(bx + 192);
+        for (int j = 0; j < 4; j++)
+            sc[j] = d * scales[8 * h + 2 * j + (l0 >> 4)];
+        for (int i = 0; i < 2; i++) {
+            int qa = gf_ld32h(bx + 64 * h + l0 + 4 * i), qb = gf_ld32h(bx + 64 * h + 32 + l0 + 4 * i);
+            int qh = gf_ld32h(bx + 128 + 32 * h + l0 + 4 * i);
+            v[0][i] = (qa & 0x0F0F0F0F) | ((qh << 4) & 0x30303030);
+            v[1][i] = (qb & 0x0F0F0F0F) | ((qh << 2) & 0x30303030);
+            v[2][i] = ((qa >> 4) & 0x0F0F0F0F) | (qh & 0x30303030);
+            v[3][i] = ((qb >> 4) & 0x0F0F0F0F) | ((qh >> 2) & 0x30303030);
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int h = u >> 2, l0 = 8 * (u & 3);
+        float r = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            const int2 a = *(const int2 *)(aq + 128 * h + 32 * j + l0);
+            int s = gpu_dp4a(v[j][0], a.x, gpu_dp4a(v[j][1], a.y, 0));
+            int sq = gpu_dp4a(0x01010101, a.x, gpu_dp4a(0x01010101, a.y, 0));
+            r += sc[j] * ads[4 * h + j].x * (float)(s - 32 * sq);
+        }
+        return r;
+    }
+};
+
+/* Float weights meet the f32 activation (not quantised): 16 bytes a unit. */
+struct gf_f32 {
+    enum { BLK = 4, BYTES = 16, UNITS = 1, FLOAT = 1 };
+    float4 w;
+    __device__ void load(const uint8_t *bx, int) { w = *(const float4 *)bx; }
+    __device__ float dotf(const float *x) const {
+        const float4 a = *(const float4 *)x;
+        return w.x * a.x + w.y * a.y + w.z * a.z + w.w * a.w;
+    }
+};
+
+struct gf_f16 {
+    enum { BLK = 8, BYTES = 16, UNITS = 1, FLOAT = 1 };
+    float w[8];
+    __device__ void load(const uint8_t *bx, int) {
+        const uint4 r = *(const uint4 *)bx;
+        const uint32_t p[4] = {r.x, r.y, r.z, r.w};
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = gf_h2f((uint16_t)(p[i] & 0xffff));
+            w[2 * i + 1] = gf_h2f((uint16_t)(p[i] >> 16));
+        }
+    }
+    __device__ float dotf(const float *x) const {
+        const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+        return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z +
+               w[7] * b.w;
+    }
+};
+
+struct gf_bf16 {
+    enum { BLK = 8, BYTES = 16, UNITS = 1, FLOAT = 1 };
+    float w[8];
+    __device__ void load(const uint8_t *bx, int) {
+        const uint4 r = *(const uint4 *)bx;
+        const uint32_t p[4] = {r.x, r.y, r.z, r.w};
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = __uint_as_float(p[i] << 16);
+            w[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
+        }
+    }
+    __device__ float dotf(const float *x) const {
+        const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+        return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z +
+               w[7] * b.w;
+    }
+};
+
+/* ==== the matrix-vector kernel ==== */
+
+/* y = W · a for groups of activation rows: group g (blockIdx.y) multiplies
+ * matrix ids[g] of a stack (ids NULL: the one matrix) by activation rows
+ * (g / a_div) * a_g + t for t < min(NT, t_total - g*NT), writing
+ * y[g*y_g + t*y_t + r] (+ bias[r]) (+ the old y[...] when accumulate).
+ * Up to GF_PARTS matrices of one type and width (Q, K and V; gate and up)
+ * share a launch: rows [end[i-1], end[i]) are matrix i's, each with its own
+ * weights, output, strides and bias. */
+#define GF_PARTS 3
+struct gf_mv {
+    const uint8_t *w[GF_PARTS];
+    int end[GF_PARTS];
+    float *y[GF_PARTS];
+    size_t y_g[GF_PARTS], y_t[GF_PARTS];
+    const float *bias[GF_PARTS];
+    int parts;
+    size_t ldw, estride;
+    int n;
+    const int32_t *ids;
+    const int8_t *aq;       /* (rows, n) codes */
+    const gf_ads *ads;      /* (rows, n/32) */
+    const float *af;        /* (rows, n) f32, for float weights */
+    int a_div, a_g, t_total;
+    int accumulate;
+};
+
+template <class Q, int NT>
+static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, int b, size_t arow, int nt,
+                                                  float *acc)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < nt) {
+            size_t row = arow + t;
+            if constexpr (Q::FLOAT)
+                acc[t] += q.dotf(p.af + row * p.n + (size_t)b * Q::BLK);
+            else
+                acc[t] += q.dot(p.aq + row * p.n + (size_t)b * Q::BLK,
+                                p.ads + row * (p.n / GF_AB) + (size_t)b * Q::BLK / GF_AB);
+        }
+    }
+}
+
+/* Each warp takes R consecutive rows (they may straddle two matrices of a
+ * launch); per step a lane loads two units of each row before using any, and
+ * the rows meet the same activation values (loaded once: no stores between). */
+template <class Q, int NT, int R>
+__global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
+{
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int r0 = (blockIdx.x * GF_MV_WARPS + warp) * R, total = p.end[p.parts - 1];
+    if (r0 >= total)
+        return;
+    int nt = p.t_total - g * NT;
+    nt = nt < NT ? nt : NT;
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    const uint8_t *w[R];
+    int part[R], rr[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int r = r0 + j < total ? r0 + j : total - 1;   /* past the end: a copy of the last row, not written */
+        part[j] = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
+        rr[j] = r - (part[j] ? p.end[part[j] - 1] : 0);
+        w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int j = 0; j < R; j++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[j][t] = 0.0f;
+    int units = p.n / Q::BLK * Q::UNITS;
+    for (int i = lane; i < units; i += 2 * GPU_WARP) {
+        int i1 = i + GPU_WARP;
+        Q q0[R], q1[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            q0[j].load(w[j] + (size_t)(i / Q::UNITS) * Q::BYTES, i % Q::UNITS);
+            if (i1 < units)
+                q1[j].load(w[j] + (size_t)(i1 / Q::UNITS) * Q::BYTES, i1 % Q::UNITS);
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            gf_mv_unit<Q, NT>(p, q0[j], i / Q::UNITS, arow, nt, acc[j]);
+            if (i1 < units)
+                gf_mv_unit<Q, NT>(p, q1[j], i1 / Q::UNITS, arow, nt, acc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = warp_sum(acc[j][t]);
+            if (lane == 0 && t < nt && r0 + j < total) {
+                float *yp = p.y[part[j]] + (size_t)g * p.y_g[part[j]] + (size_t)t * p.y_t[part[j]] + rr[j];
+                if (p.bias[part[j]])
+                    s = s + p.bias[part[j]][rr[j]];
+                if (p.accumulate)
+                    s = s + *yp;
+                *yp = s;
+            }
+        }
+}
+
+/* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
+
+enum { GF_ACT_PLAIN, GF_ACT_NORM, GF_ACT_SWIGLU };
+
+/* Block sum of a double over the block's threads (all call it). */
+static __device__ double gf_block_sum(double v)
+{
+    __shared__ double part[32];
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        v += gpu_shfl_xor(v, m);
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < nw; i++)
+        s += part[i];
+    return s;
+}
+
+/* Row blockIdx.x of n: v = x (PLAIN), RMSNorm(x)·w (NORM: the reference's
+ * steps: squares summed in double, scale = 1/sqrtf(mean + eps), two
+ * multiplications), silu(x)·x2 (SWIGLU); written as f32 to yf (may be NULL,
+ * may be x) and as int8 blocks of 32 the way quant.c's Q8_0/Q8_1 quantise
+ * (d = amax/127 stored as f16, multiplier 127/amax, round to nearest even). */
+#define GF_ACT_CHUNK 1024  /* elements per block: a row is spread over several blocks */
+
+template <int MODE>
+__global__ void gf_act_kernel(const float *x, const float *x2, const float *w, float eps, int n, float *yf,
+                              int8_t *q, gf_ads *ds)
+{
+    size_t row = blockIdx.x;
+    const float *xr = x + row * n;
+    float scale = 1.0f;
+    if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
+        double s = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            s += (double)__fmul_rn(xr[i], xr[i]);
+        s = gf_block_sum(s);
+        scale = 1.0f / sqrtf((float)(s / n) + eps);
+    }
+    /* groups of GF_AB lanes (two per warp where GPU_WARP is 64), one block each */
+    int l = threadIdx.x % GF_AB, ng = blockDim.x / GF_AB;
+    int b0 = blockIdx.y * (GF_ACT_CHUNK / GF_AB), b1 = min(n / GF_AB, b0 + GF_ACT_CHUNK / GF_AB);
+    for (int b = b0 + threadIdx.x / GF_AB; b < b1; b += ng) {
+        int i = b * GF_AB + l;
+        float v = xr[i];
+        if (MODE == GF_ACT_NORM)
+            v = __fmul_rn(__fmul_rn(v, scale), w[i]);
+        else if (MODE == GF_ACT_SWIGLU)
+            v = __fmul_rn(v / (1.0f + expf(-v)), x2[row * n + i]);
+        float amax = fabsf(v);
+        for (int m = GF_AB / 2; m > 0; m >>= 1)
+            amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        float r = rintf(__fmul_rn(v, id));
+        int qi = (int)fminf(fmaxf(r, -128.0f), 127.0f);
+        float sum = (float)qi;
+        for (int m = GF_AB / 2; m > 0; m >>= 1)
+            sum += gpu_shfl_xor(sum, m);
+        if (yf)
+            yf[row * n + i] = v;
+        q[row * n + i] = (int8_t)qi;
+        if (l == 0)
+            ds[row * (n / GF_AB) + b] = make_float4(gf_h2f(gf_f2h(d)), gf_h2f(gf_f2h(__fmul_rn(d, sum))), sum, 0.0f);
+    }
+}
+
+/* ==== embeddings: one element of a row of any supported type ==== */
+
+static __device__ float gf_deq(int type, const uint8_t *row, int k)
+{
+    switch (type) {
+    case QT_F32: return ((const float *)row)[k];
+    case QT_F16: return gf_h2f(((const uint16_t *)row)[k]);
+    case QT_BF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[k] << 16);
+    case QT_Q4_0: {
+        const uint8_t *b = row + (k / 32) * 18;
+        int j = k % 32, qv = j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4;
+        return (qv - 8) * gf_h2f(gf_ld16(b));
+    }
+    case QT_Q4_1: {
+        const uint8_t *b = row + (k / 32) * 20;
+        int j = k % 32, qv = j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4;
+        return qv * gf_h2f(gf_ld16(b)) + gf_h2f(gf_ld16(b + 2));
+    }
+    case QT_Q5_0: {
+        const uint8_t *b = row + (k / 32) * 22;
+        int j = k % 32, qv = j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4;
+        uint32_t h = (uint32_t)gf_ld32h(b + 2);
+        return (int)((qv | ((h >> j) & 1) << 4) - 16) * gf_h2f(gf_ld16(b));
+    }
+    case QT_Q5_1: {
+        const uint8_t *b = row + (k / 32) * 24;
+        int j = k % 32, qv = j < 16 ? b[8 + j] & 15 : b[8 + j - 16] >> 4;
+        uint32_t h = *(const uint32_t *)(b + 4);
+        return (int)(qv | ((h >> j) & 1) << 4) * gf_h2f(gf_ld16(b)) + gf_h2f(gf_ld16(b + 2));
+    }
+    case QT_Q8_0: {
+        const uint8_t *b = row + (k / 32) * 34;
+        return (int8_t)b[2 + k % 32] * gf_h2f(gf_ld16(b));
+    }
+    case QT_Q4_K:
+    case QT_Q5_K: {
+        int q5 = type == QT_Q5_K;
+        const uint8_t *b = row + (k / 256) * (q5 ? 176 : 144);
+        int e = k % 256, p = e / 64, l = e % 32, hi = (e / 32) & 1, s = e / 32, sc, m;
+        const uint8_t *qs = b + (q5 ? 48 : 16);
+        int u = hi ? qs[32 * p + l] >> 4 : qs[32 * p + l] & 15;
+        if (q5)
+            u |= ((b[16 + l] >> s) & 1) << 4;
+        gf_k4_scale_min(s, b + 4, &sc, &m);
+        return gf_h2f(gf_ld16(b)) * sc * u - gf_h2f(gf_ld16(b + 2)) * m;
+    }
+    case QT_Q6_K: {
+        const uint8_t *b = row + (k / 256) * 210;
+        int e = k % 256, h = e / 128, j = (e % 128) / 32, l = e % 32;
+        int ql = b[64 * h + l + 32 * (j & 1)], qh = b[128 + 32 * h + l];
+        int u = ((j < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * j)) & 3) << 4) - 32;
+        return gf_h2f(gf_ld16(b + 208)) * ((const int8_t *)(b + 192))[e / 16] * u;
+    }
+    }
+    return 0.0f;
+}
+
+__global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, const int32_t *tokens, float *x)
+{
+    int t = blockIdx.x;
+    const uint8_t *row = w + (size_t)tokens[t] * ldw;
+    for (int k = threadIdx.x; k < D; k += blockDim.x)
+        x[(size_t)t * D + k] = gf_deq(type, row, k);
+}
+
+/* ==== KV rows into the page cells (gpu_kv_store) ==== */
+
+enum { GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4 };
+
+static int gf_krow(int cell)
+{
+    static const int k[KV_CELL_COUNT] = {GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4, GF_ROW_I8};
+    return k[cell];
+}
+static int gf_vrow(int cell)
+{
+    static const int v[KV_CELL_COUNT] = {GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4, GF_ROW_Q4};
+    return v[cell];
+}
+
+struct gf_store {
+    struct gpu_kv kv;
+    int layer, krow, vrow;
+    const int32_t *pos0;
+    const float *k, *v;
+};
+
+/* One row x (E) of cell c, kv head h, K or V, into its page slot in the
+ * format fmt, by the 32 lanes of one warp: kv.c's encoders, the same bits. */
+static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt, int c, int h, int isv,
+                                    const float *x)
+{
+    int lane = threadIdx.x % 32, E = kv.E, P = kv.P;
+    uint8_t *blk = kv.pages + (size_t)kv.page_table[c / P] * kv.page_bytes +
+                   ((size_t)layer * kv.K + h) * P * (kv.kbytes + kv.vbytes);
+    uint8_t *dst = isv ? blk + (size_t)P * kv.kbytes + (size_t)(c % P) * kv.vbytes : blk + (size_t)(c % P) * kv.kbytes;
+    if (fmt == GF_ROW_F32) {
+        for (int i = lane; i < E; i += 32)
+            ((float *)dst)[i] = x[i];
+    } else if (fmt == GF_ROW_F16) {
+        for (int i = lane; i < E; i += 32)
+            ((uint16_t *)dst)[i] = gf_f2h(x[i]);
+    } else if (fmt == GF_ROW_I8) {
+        float amax = 0.0f;
+        for (int i = lane; i < E; i += 32)
+            amax = fmaxf(amax, fabsf(x[i]));
+        for (int m = 16; m > 0; m >>= 1)
+            amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+        float d = amax / 127.0f, id = d > 0.0f ? 127.0f / amax : 0.0f;
+        if (lane == 0)
+            memcpy(dst, &d, 4);
+        for (int i = lane; i < E; i += 32) {
+            float r = rintf(__fmul_rn(x[i], id));
+            dst[4 + i] = (uint8_t)(int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+        }
+    } else {
+        /* Q4_0 (quant.c's q4_0_from_f32): d = the signed extreme / -8 (its
+         * first occurrence), codes trunc(x/d + 8.5) capped at 15 */
+        for (int b = 0; b < E / 32; b++) {
+            float v = x[32 * b + lane], amax = fabsf(v);
+            for (int m = 16; m > 0; m >>= 1)
+                amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+            int first = fabsf(v) == amax ? lane : 32;
+            for (int m = 16; m > 0; m >>= 1)
+                first = min(first, gpu_shfl_xor(first, m));
+            float bv = gpu_shfl(v, first < 32 ? first : 0);
+            float d = bv / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int qv = (int)__fadd_rn(__fmul_rn(v, id), 8.5f);
+            qv = qv < 15 ? qv : 15;
+            /* byte j (< 16) of the codes: element j low, element j + 16 high;
+             * the 18-byte block goes out as 9 halfwords (a 2-byte memcpy of
+             * the scale lost its low byte on sm_90) */
+            int byte = qv | gpu_shfl_xor(qv, 16) << 4;
+            int lo = gpu_shfl(byte, (2 * lane + 30) & 31), hi = gpu_shfl(byte, (2 * lane + 31) & 31);
+            uint16_t *o = (uint16_t *)(dst + 18 * b);
+            if (lane == 0)
+                o[0] = gf_f2h(d);
+            else if (lane < 9)
+                o[lane] = (uint16_t)(lo | hi << 8);
+        }
+    }
+}
+
+/* one warp per (cell t, kv head, K or V) */
+__global__ void gf_store_kernel(gf_store p)
+{
+    int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z;
+    gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, *p.pos0 + t, h, isv,
+                 (isv ? p.v : p.k) + ((size_t)t * p.kv.K + h) * p.kv.E);
+}
+
+/* ==== Q/K/V: biases, per-head RMSNorm, RoPE ==== */
+
+struct gf_qkv {
+    float *q, *k, *v;               /* (T, H*E), (T, K*E), (T, K*E) */
+    const float *bq, *bk, *bv, *q_norm, *k_norm, *rope_freqs;
+    int H, K, E, n_rot, neox;
+    float eps, theta_scale, freq_scale;
+    const int32_t *pos0;
+    struct gpu_kv kv;              /* K and V rows go to their cells (kv.pages NULL: not) */
+    int layer, krow, vrow;
+};
+
+/* block (t, head of H+K+K): q heads, then k, then v */
+__global__ void gf_qkv_kernel(gf_qkv p)
+{
+    __shared__ float hv[1024];
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E;
+    float *x;
+    const float *b, *nw;
+    if (hd < p.H) {
+        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm;
+    } else if (hd < p.H + p.K) {
+        int h = hd - p.H;
+        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm;
+    } else {
+        int h = hd - p.H - p.K;
+        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
+    }
+    for (int i = threadIdx.x; i < E; i += blockDim.x)
+        hv[i] = b ? x[i] + b[i] : x[i];
+    __syncthreads();
+    if (hd >= p.H + p.K) {
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            x[i] = hv[i];
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
+            gf_store_row(p.kv, p.layer, p.vrow, *p.pos0 + t, hd - p.H - p.K, 1, x);
+        return;
+    }
+    if (nw) {
+        double s = 0;
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            s += (double)__fmul_rn(hv[i], hv[i]);
+        s = gf_block_sum(s);
+        float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nw[i]);
+        __syncthreads();
+    }
+    int half = p.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        /* θ as the CPU forms it: position, times theta_scale i times in f32 */
+        float theta = (float)(*p.pos0 + t);
+        for (int j = 0; j < i; j++)
+            theta = __fmul_rn(theta, p.theta_scale);
+        float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
+        th = __fmul_rn(p.freq_scale, th);
+        float co = cosf(th), si = sinf(th);
+        int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
+        float a = hv[i0], c = hv[i1];
+        /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
+        x[i0] = fmaf(a, co, -__fmul_rn(c, si));
+        x[i1] = fmaf(a, si, __fmul_rn(c, co));
+    }
+    for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
+        x[i] = hv[i];
+    if (hd >= p.H) {
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
+            gf_store_row(p.kv, p.layer, p.krow, *p.pos0 + t, hd - p.H, 0, x);
+    }
+}
+
+/* ==== MoE: routing, weighted sum ==== */
+
+/* one warp per token: softmax over X router logits, top-U by probability
+ * (ties to the lower id), weights renormalised (sum in double, clamped at
+ * 2^-14); sel (T, U) expert ids, selw (T, U) */
+__global__ void gf_route_kernel(float *router, int X, int U, int32_t *sel, float *selw)
+{
+    extern __shared__ float pr[];
+    int t = blockIdx.x, lane = threadIdx.x;
+    float *x = router + (size_t)t * X;
+    float mx = -INFINITY;
+    for (int e = lane; e < X; e += GPU_WARP)
+        mx = fmaxf(mx, x[e]);
+    mx = warp_max(mx);
+    double s = 0;
+    for (int e = lane; e < X; e += GPU_WARP) {
+        pr[e] = expf(x[e] - mx);
+        s += (double)pr[e];
+    }
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        s += gpu_shfl_xor(s, m);
+    float inv = (float)(1.0 / s);
+    __syncthreads();
+    for (int e = lane; e < X; e += GPU_WARP)
+        pr[e] *= inv;
+    __syncthreads();
+    double wsum = 0;
+    float wk[64];
+    for (int k = 0; k < U; k++) {
+        float bv = -1.0f;
+        int bi = X;
+        for (int e = lane; e < X; e += GPU_WARP)
+            if (pr[e] > bv)
+                bv = pr[e], bi = e;
+        for (int m = GPU_WARP / 2; m > 0; m >>= 1) {
+            float ov = gpu_shfl_xor(bv, m);
+            int oi = gpu_shfl_xor(bi, m);
+            if (ov > bv || (ov == bv && oi < bi))
+                bv = ov, bi = oi;
+        }
+        bi = bi < X ? bi : 0;
+        wk[k] = pr[bi];
+        wsum += (double)wk[k];
+        __syncthreads();
+        if (lane == 0) {
+            sel[(size_t)t * U + k] = bi;
+            pr[bi] = -2.0f;   /* taken: below every probability */
+        }
+        __syncthreads();
+    }
+    float ws = (float)wsum;
+    ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
+    if (lane == 0)
+        for (int k = 0; k < U; k++)
+            selw[(size_t)t * U + k] = wk[k] / ws;
+}
+
+/* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
+__global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, int D, int U)
+{
+    int t = blockIdx.x;
+    const float *w = selw + (size_t)t * U;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float acc = __fmul_rn(eo[(size_t)t * U * D + i], w[0]);
+        for (int k = 1; k < U; k++)
+            acc = __fadd_rn(acc, __fmul_rn(eo[((size_t)t * U + k) * D + i], w[k]));
+        x[(size_t)t * D + i] = acc + x[(size_t)t * D + i];
+    }
+}
+
+/* x (T, n) = (y + b) + x, either of y and b absent */
+__global__ void gf_add_kernel(float *x, const float *y, const float *b, int n, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float v = y ? y[i] : b[i % n];
+        if (y && b)
+            v = v + b[i % n];
+        x[i] = v + x[i];
+    }
+}
+
+/* ==== host side ==== */
+
+struct gf_mat {
+    const uint8_t *d;   /* dev */
+    int type, n, rows;
+    size_t ldw, stride;
+};
+
+struct gf_layer {
+    const float *attn_norm, *bq, *bk, *bv, *bo, *q_norm, *k_norm, *ffn_norm; /* dev */
+    struct gf_mat wq, wk, wv, wo, gate, up, down, gate_inp, gate_exps, up_exps, down_exps;
+    int moe;
+};
+
+struct gpu_model {
+    struct model_hp hp;
+    struct gf_layer *layers;
+    struct gf_mat tok_embd, output;
+    const float *output_norm, *output_b, *rope_freqs;
+    float freq_scale;
+    uint8_t *mem;        /* dev: everything */
+    size_t bytes;
+};
+
+struct gpu_ctx {
+    struct gpu_model *g;
+    struct kv *kv;
+    int T, MU, max_cells, max_pages, gemm_ok;
+    gpuStream_t stream;
+    float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
+    int8_t *aq;
+    gf_ads *ads;
+    int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
+    int32_t *io_host;      /* pinned */
+    float *lg_host;        /* pinned (V): one row of logits */
+    void *attn_scratch, *gemm_scratch;
+    size_t gemm_scratch_bytes;
+    gpuGraphExec_t graph;
+    int graph_state;       /* 0 none yet, 1 captured, -1 capture failed: run directly */
+    struct gf_prof *prof;  /* gpu_test_profile's events, else NULL */
+};
+
+/* Stage timing for gpu_test_profile: an event after each stage. */
+enum { GF_ST_EMBED, GF_ST_NORM, GF_ST_QKV, GF_ST_ROPE_STORE, GF_ST_ATTN, GF_ST_ACT, GF_ST_WO, GF_ST_FFN_NORM,
+       GF_ST_GATE_UP, GF_ST_SWIGLU, GF_ST_DOWN, GF_ST_HEAD, GF_ST_COUNT };
+static const char *const gf_st_names[GF_ST_COUNT] = {"embed", "attn_norm+q8", "qkv", "rope+kv_store", "attention",
+                                                      "q8(attn out)", "wo+resid", "ffn_norm+q8", "gate/up|router",
+                                                      "swiglu+q8", "down+resid", "norm+head"};
+#define GF_PROF_MAX 4096
+struct gf_prof {
+    gpuEvent_t ev[GF_PROF_MAX];
+    int stage[GF_PROF_MAX];
+    int n;
+};
+
+static void gf_mark(struct gpu_ctx *c, int stage)
+{
+    struct gf_prof *p = c->prof;
+    if (p && p->n < GF_PROF_MAX && gpuEventRecord(p->ev[p->n], c->stream) == gpuSuccess)
+        p->stage[p->n++] = stage;
+}
+
+static int gf_supported(int type)
+{
+    switch (type) {
+    case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1:
+    case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K:
+        return 1;
+    }
+    return 0;
+}
+
+static int gf_float_type(int type) { return type == QT_F32 || type == QT_F16 || type == QT_BF16; }
 
 const char *gpu_backend(void)
 {
@@ -27,33 +911,761 @@ int gpu_devices(char *name, size_t cap)
     return n;
 }
 
-static int todo(char *err, size_t errlen) { return strata_errf(err, errlen, "gpu.cu: not written yet"); }
+/* ---- weights ---- */
 
-int gpu_model_new(struct gpu_model **g, const struct model *m, char *err, size_t errlen)
+static size_t gf_align(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static size_t gf_mat_bytes(const struct model_mat *w, int X)
 {
-    (void)m;
-    *g = NULL;
-    return todo(err, errlen);
+    return w->data ? w->stride * (size_t)(X > 0 ? X : 1) : 0;
 }
-void gpu_model_free(struct gpu_model *g) { (void)g; }
-size_t gpu_model_bytes(const struct gpu_model *g) { (void)g; return 0; }
-const struct kv_mem *gpu_kv_mem(struct gpu_model *g) { (void)g; return NULL; }
-int gpu_ctx_new(struct gpu_ctx **c, struct gpu_model *g, struct kv *kv, int max_tokens, char *err, size_t errlen)
+
+/* Checks a matrix's type and shape for the kernels. */
+static int gf_mat_check(const struct model_mat *w, const char *what, char *err, size_t errlen)
 {
-    (void)g, (void)kv, (void)max_tokens;
-    *c = NULL;
-    return todo(err, errlen);
+    if (!w->data)
+        return 0;
+    if (!gf_supported(w->type))
+        return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
+                           gguf_type_name(w->type));
+    if (w->n % (gf_float_type(w->type) ? 8 : GF_AB) != 0)
+        return strata_errf(err, errlen, "%s: rows of %d elements do not fit the GPU kernels (use --device cpu)",
+                           what, w->n);
+    return 0;
 }
-void gpu_ctx_free(struct gpu_ctx *c) { (void)c; }
+
+struct gf_upload {
+    uint8_t *base;
+    size_t off;
+    const struct gpu_model *g;
+};
+
+static int gf_put(struct gf_upload *u, const void *src, size_t bytes, const void **dst, char *err, size_t errlen)
+{
+    *dst = NULL;
+    if (!src || !bytes)
+        return 0;
+    GPU_TRY(gpuMemcpy(u->base + u->off, src, bytes, gpuMemcpyHostToDevice), err, errlen);
+    *dst = u->base + u->off;
+    u->off += gf_align(bytes);
+    return 0;
+}
+
+static int gf_put_mat(struct gf_upload *u, const struct model_mat *w, int X, struct gf_mat *o, char *err,
+                      size_t errlen)
+{
+    o->type = w->type, o->n = w->n, o->rows = w->rows, o->ldw = w->ldw, o->stride = w->stride;
+    return gf_put(u, w->data, gf_mat_bytes(w, X), (const void **)&o->d, err, errlen);
+}
+
+static int gf_put_vec(struct gf_upload *u, const float *v, int n, const float **o, char *err, size_t errlen)
+{
+    return gf_put(u, v, (size_t)n * sizeof(float), (const void **)o, err, errlen);
+}
+
+int gpu_model_new(struct gpu_model **out, const struct model *m, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (gpu_devices(NULL, 0) <= 0)
+        return strata_errf(err, errlen, "no GPU device (use --device cpu)");
+    const struct model_hp *hp = model_hp(m);
+    struct model_weights w;
+    model_weights(m, &w);
+    int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim, X = hp->n_expert;
+    if (hp->head_dim > 1024 || hp->n_expert_used > 64 || hp->n_expert > 8192)
+        return strata_errf(err, errlen, "model shape (head dim %d, %d of %d experts) not supported on the GPU",
+                           hp->head_dim, hp->n_expert_used, hp->n_expert);
+    if (gf_mat_check(&w.tok_embd, "token_embd", err, errlen) || gf_mat_check(&w.output, "output", err, errlen))
+        return -1;
+    size_t total = gf_align(gf_mat_bytes(&w.tok_embd, 0)) + 5 * gf_align((size_t)hp->n_vocab * 4) +
+                   gf_align((size_t)D * 4) + gf_align((size_t)hp->n_rot * 4);
+    if (w.output.data != w.tok_embd.data)
+        total += gf_align(gf_mat_bytes(&w.output, 0));
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct model_layer *ly = &w.layers[il];
+        const struct model_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down,
+                                          &ly->gate_inp, &ly->gate_exps, &ly->up_exps, &ly->down_exps};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            char what[48];
+            snprintf(what, sizeof what, "layer %d matrix %zu", il, i);
+            if (gf_mat_check(mats[i], what, err, errlen))
+                return -1;
+            total += gf_align(gf_mat_bytes(mats[i], i >= 8 ? X : 0));
+        }
+        total += 4 * gf_align((size_t)D * 4) + 2 * gf_align((size_t)HE * 4) + 4 * gf_align((size_t)KE * 4) +
+                 2 * gf_align((size_t)hp->head_dim * 4);
+    }
+    struct gpu_model *g = (struct gpu_model *)calloc(1, sizeof *g);
+    if (!g || !(g->layers = (struct gf_layer *)calloc((size_t)hp->n_layer, sizeof *g->layers))) {
+        free(g);
+        return strata_errf(err, errlen, "out of memory");
+    }
+    g->hp = *hp;
+    g->freq_scale = w.freq_scale;
+    gpuError_t e = gpuMalloc((void **)&g->mem, total);
+    if (e != gpuSuccess) {
+        free(g->layers);
+        free(g);
+        return strata_errf(err, errlen, "GPU memory for %.1f MiB of weights: %s", total / 1048576.0,
+                           gpuGetErrorString(e));
+    }
+    struct gf_upload u = {g->mem, 0, g};
+    int rc = gf_put_mat(&u, &w.tok_embd, 0, &g->tok_embd, err, errlen);
+    if (!rc && w.output.data == w.tok_embd.data)
+        g->output = g->tok_embd;
+    else if (!rc)
+        rc = gf_put_mat(&u, &w.output, 0, &g->output, err, errlen);
+    if (!rc) rc = gf_put_vec(&u, w.output_norm, D, &g->output_norm, err, errlen);
+    if (!rc) rc = gf_put_vec(&u, w.output_b, hp->n_vocab, &g->output_b, err, errlen);
+    if (!rc) rc = gf_put_vec(&u, w.rope_freqs, hp->n_rot / 2, &g->rope_freqs, err, errlen);
+    for (int il = 0; il < hp->n_layer && !rc; il++) {
+        const struct model_layer *ly = &w.layers[il];
+        struct gf_layer *o = &g->layers[il];
+        o->moe = ly->moe;
+        rc = gf_put_vec(&u, ly->attn_norm, D, &o->attn_norm, err, errlen) ||
+             gf_put_vec(&u, ly->bq, HE, &o->bq, err, errlen) || gf_put_vec(&u, ly->bk, KE, &o->bk, err, errlen) ||
+             gf_put_vec(&u, ly->bv, KE, &o->bv, err, errlen) || gf_put_vec(&u, ly->bo, D, &o->bo, err, errlen) ||
+             gf_put_vec(&u, ly->q_norm, hp->head_dim, &o->q_norm, err, errlen) ||
+             gf_put_vec(&u, ly->k_norm, hp->head_dim, &o->k_norm, err, errlen) ||
+             gf_put_vec(&u, ly->ffn_norm, D, &o->ffn_norm, err, errlen) ||
+             gf_put_mat(&u, &ly->wq, 0, &o->wq, err, errlen) || gf_put_mat(&u, &ly->wk, 0, &o->wk, err, errlen) ||
+             gf_put_mat(&u, &ly->wv, 0, &o->wv, err, errlen) || gf_put_mat(&u, &ly->wo, 0, &o->wo, err, errlen) ||
+             gf_put_mat(&u, &ly->gate, 0, &o->gate, err, errlen) || gf_put_mat(&u, &ly->up, 0, &o->up, err, errlen) ||
+             gf_put_mat(&u, &ly->down, 0, &o->down, err, errlen) ||
+             gf_put_mat(&u, &ly->gate_inp, 0, &o->gate_inp, err, errlen) ||
+             gf_put_mat(&u, &ly->gate_exps, X, &o->gate_exps, err, errlen) ||
+             gf_put_mat(&u, &ly->up_exps, X, &o->up_exps, err, errlen) ||
+             gf_put_mat(&u, &ly->down_exps, X, &o->down_exps, err, errlen) ? -1 : 0;
+    }
+    g->bytes = u.off;
+    if (rc) {
+        gpu_model_free(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+void gpu_model_free(struct gpu_model *g)
+{
+    if (!g)
+        return;
+    gpuFree(g->mem);
+    free(g->layers);
+    free(g);
+}
+
+size_t gpu_model_bytes(const struct gpu_model *g) { return g ? g->bytes : 0; }
+
+/* ---- KV page memory ---- */
+
+static void *gf_kv_alloc(void *user, size_t bytes)
+{
+    (void)user;
+    void *p = NULL;
+    return gpuMalloc(&p, bytes) == gpuSuccess ? p : NULL;
+}
+
+static void gf_kv_copy(void *user, void *dst, const void *src, size_t bytes)
+{
+    (void)user;
+    /* ordered after the forward pass's stream: that stream is a blocking one */
+    (void)gpuMemcpy(dst, src, bytes, gpuMemcpyDeviceToDevice);
+}
+
+static void gf_kv_free(void *user, void *p)
+{
+    (void)user;
+    gpuFree(p);
+}
+
+static const struct kv_mem gf_kv_mem = {gf_kv_alloc, gf_kv_copy, gf_kv_free, NULL};
+
+const struct kv_mem *gpu_kv_mem(struct gpu_model *g)
+{
+    (void)g;
+    return &gf_kv_mem;
+}
+
+/* ---- launches ---- */
+
+#define GF_LAUNCH_CHECK(err, errlen) GPU_TRY(gpuGetLastError(), err, errlen)
+
+#define GF_MV_R 2   /* rows per warp in decode */
+
+template <class Q>
+static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
+{
+    int rows = p.end[p.parts - 1];
+    if (nt == 1) {
+        dim3 grid((rows + GF_MV_WARPS * GF_MV_R - 1) / (GF_MV_WARPS * GF_MV_R), groups);
+        gf_mv_kernel<Q, 1, GF_MV_R><<<grid, GF_MV_WARPS * GPU_WARP, 0, s>>>(p);
+    } else {
+        dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
+        gf_mv_kernel<Q, GF_NT, 1><<<grid, GF_MV_WARPS * GPU_WARP, 0, s>>>(p);
+    }
+}
+
+/* nt: 1 (each group one activation row) or GF_NT (groups of tokens) */
+static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_t s, char *err, size_t errlen)
+{
+    switch (type) {
+    case QT_F32: gf_mv_launch_t<gf_f32>(p, groups, nt, s); break;
+    case QT_F16: gf_mv_launch_t<gf_f16>(p, groups, nt, s); break;
+    case QT_BF16: gf_mv_launch_t<gf_bf16>(p, groups, nt, s); break;
+    case QT_Q4_0: gf_mv_launch_t<gf_q4_0>(p, groups, nt, s); break;
+    case QT_Q4_1: gf_mv_launch_t<gf_q4_1>(p, groups, nt, s); break;
+    case QT_Q5_0: gf_mv_launch_t<gf_q5_0>(p, groups, nt, s); break;
+    case QT_Q5_1: gf_mv_launch_t<gf_q5_1>(p, groups, nt, s); break;
+    case QT_Q8_0: gf_mv_launch_t<gf_q8_0>(p, groups, nt, s); break;
+    case QT_Q4_K: gf_mv_launch_t<gf_q4_K>(p, groups, nt, s); break;
+    case QT_Q5_K: gf_mv_launch_t<gf_q5_K>(p, groups, nt, s); break;
+    case QT_Q6_K: gf_mv_launch_t<gf_q6_K>(p, groups, nt, s); break;
+    default:
+        return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
+                           gguf_type_name(type));
+    }
+    GF_LAUNCH_CHECK(err, errlen);
+    return 0;
+}
+
+/* Activation rows (T, n) into the int8 blocks (and f32 into yf). */
+static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, const float *w, float eps, int n,
+                  int T, float *yf, int8_t *q, gf_ads *ds, char *err, size_t errlen)
+{
+    if (T <= 0)
+        return 0;
+    int threads = 256;
+    dim3 grid(T, (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK);
+    if (mode == GF_ACT_NORM)
+        gf_act_kernel<GF_ACT_NORM><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+    else if (mode == GF_ACT_SWIGLU)
+        gf_act_kernel<GF_ACT_SWIGLU><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+    else
+        gf_act_kernel<GF_ACT_PLAIN><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+    GF_LAUNCH_CHECK(err, errlen);
+    return 0;
+}
+
+/* One output of gf_matmul: y (T, w->rows), row stride ldy, (+ bias). */
+struct gf_out {
+    const struct gf_mat *w;
+    float *y;
+    size_t ldy;
+    const float *bias;
+};
+
+/* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
+ * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
+ * takes prompts whose type it supports; the matrix-vector kernels the rest,
+ * matrices of one type and width in one launch. */
+static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, const float *af, int T,
+                       int accumulate, char *err, size_t errlen)
+{
+    int done[GF_PARTS] = {0};
+    for (int i = 0; i < n_out; i++) {
+        const struct gf_mat *w = o[i].w;
+        if (!(T > GF_DECODE_T && c->gemm_ok && gpu_gemm_supports(w->type)))
+            continue;
+        float *dst = accumulate ? c->tmp : o[i].y;
+        if (gpu_gemm(w->type, w->d, w->ldw, w->n, w->rows, af, T, dst, o[i].ldy, c->gemm_scratch, c->stream, err,
+                     errlen) != 0) {
+            c->gemm_ok = 0;   /* not written yet / failed: the matrix-vector kernels from now on */
+            continue;
+        }
+        if (accumulate || o[i].bias) {
+            size_t total = (size_t)T * w->rows, blocks = (total + 255) / 256;
+            gf_add_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(
+                o[i].y, accumulate ? dst : NULL, o[i].bias, w->rows, total);
+            GF_LAUNCH_CHECK(err, errlen);
+        }
+        done[i] = 1;
+    }
+    int nt = T == 1 ? 1 : GF_NT;
+    for (int i = 0; i < n_out; i++) {
+        if (done[i])
+            continue;
+        gf_mv p;
+        memset(&p, 0, sizeof p);
+        const struct gf_mat *w = o[i].w;
+        p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
+        p.aq = c->aq, p.ads = c->ads, p.af = af;
+        p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
+        for (int j = i; j < n_out; j++) {
+            const struct gf_mat *wj = o[j].w;
+            if (done[j] || wj->type != w->type || wj->n != w->n || wj->ldw != w->ldw)
+                continue;
+            int k = p.parts++;
+            p.w[k] = wj->d;
+            p.end[k] = (k ? p.end[k - 1] : 0) + wj->rows;
+            p.y[k] = o[j].y, p.y_t[k] = o[j].ldy, p.y_g[k] = (size_t)nt * o[j].ldy, p.bias[k] = o[j].bias;
+            done[j] = 1;
+        }
+        for (int k = p.parts; k < GF_PARTS; k++)
+            p.end[k] = p.end[p.parts - 1];
+        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static int gf_matmul(struct gpu_ctx *c, const struct gf_mat *w, const float *af, int T, float *y, size_t ldy,
+                     const float *bias, int accumulate, char *err, size_t errlen)
+{
+    struct gf_out o = {w, y, ldy, bias};
+    return gf_matmul_n(c, &o, 1, af, T, accumulate, err, errlen);
+}
+
+/* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] by
+ * activation row i / a_div into y + i*w->rows. */
+static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *w, const float *af, int a_div, int n_groups,
+                             float *y, char *err, size_t errlen)
+{
+    gf_mv p;
+    memset(&p, 0, sizeof p);
+    p.w[0] = w->d, p.end[0] = p.end[1] = p.end[2] = w->rows, p.parts = 1;
+    p.y[0] = y, p.y_g[0] = (size_t)w->rows;
+    p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
+    p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
+    p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
+    return gf_mv_launch(w->type, p, n_groups, 1, c->stream, err, errlen);
+}
+
+static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
+{
+    struct kv_layout lo;
+    kv_layout(c->kv, &lo);
+    const struct kv_config *cfg = kv_cfg(c->kv);
+    d->pages = lo.data;
+    d->page_bytes = lo.page_bytes, d->kbytes = lo.kbytes, d->vbytes = lo.vbytes;
+    d->cell = cfg->cell;
+    d->L = cfg->n_layer, d->K = cfg->n_head_kv, d->E = cfg->head_dim, d->P = lo.P;
+    d->page_table = c->io + c->T + 1;
+}
+
+static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
+{
+    const struct model_hp *hp = &c->g->hp;
+    struct gpu_attn a;
+    memset(&a, 0, sizeof a);
+    gf_kv_desc(c, &a.kv);
+    a.layer = il, a.q = c->q, a.out = c->ao, a.H = hp->n_head, a.T = T, a.pos0 = c->io + c->T;
+    a.max_cells = c->max_cells, a.scale = 1.0f / sqrtf((float)hp->head_dim), a.scratch = c->attn_scratch;
+    return T <= GF_DECODE_T ? gpu_attn_decode(&a, c->stream, err, errlen)
+                            : gpu_attn_prompt(&a, c->stream, err, errlen);
+}
+
+/* One layer over the chunk's T rows (tokens already embedded in c->x). */
+static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
+{
+    const struct model_hp *hp = &c->g->hp;
+    const struct gf_layer *ly = &c->g->layers[il];
+    int D = hp->n_embd, E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv;
+    int HE = H * E, KE = K * E;
+    gpuStream_t s = c->stream;
+
+    struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
+                            {&ly->wv, c->v, (size_t)KE, NULL}};
+    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen) ||
+        (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
+        return -1;
+    gf_mark(c, GF_ST_QKV);
+    gf_qkv qp;
+    qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
+    qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL, qp.rope_freqs = c->g->rope_freqs;
+    qp.H = H, qp.K = K, qp.E = E, qp.n_rot = hp->n_rot, qp.neox = hp->rope_neox;
+    qp.eps = hp->rms_eps, qp.theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    qp.freq_scale = c->g->freq_scale, qp.pos0 = c->io + c->T;
+    /* the K and V rows go to their cells from the same kernel (gpu_kv_store's encoder) */
+    gf_kv_desc(c, &qp.kv);
+    qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
+    gf_qkv_kernel<<<dim3(T, H + 2 * K), 128, 0, s>>>(qp);
+    GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_ROPE_STORE);
+
+    if (gf_attention(c, il, T, err, errlen) || (gf_mark(c, GF_ST_ATTN), 0) ||
+        gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen) ||
+        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
+        (gf_mark(c, GF_ST_WO), 0) ||
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
+        return -1;
+    gf_mark(c, GF_ST_FFN_NORM);
+    if (!ly->moe) {
+        int F = ly->gate.rows;
+        struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+                 gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen) ||
+                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen)
+                     ? -1 : 0;
+        gf_mark(c, GF_ST_DOWN);
+        return rc;
+    }
+    int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
+    if (gf_matmul(c, &ly->gate_inp, c->xn, T, c->router, X, NULL, 0, err, errlen))
+        return -1;
+    gf_route_kernel<<<T, GPU_WARP, (size_t)X * sizeof(float), s>>>(c->router, X, U, c->sel, c->selw);
+    GF_LAUNCH_CHECK(err, errlen);
+    if (gf_matmul_experts(c, &ly->gate_exps, c->xn, U, T * U, c->gt, err, errlen) ||
+        gf_matmul_experts(c, &ly->up_exps, c->xn, U, T * U, c->up, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
+        (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &ly->down_exps, c->gt, 1, T * U, c->eo, err, errlen))
+        return -1;
+    gf_moe_sum_kernel<<<T, 256, 0, s>>>(c->x, c->eo, c->selw, D, U);
+    GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_DOWN);
+    return 0;
+}
+
+/* The whole pass over c->io's T tokens; the head over rows out0..T-1 into
+ * c->logits (none when out0 == T). */
+static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errlen)
+{
+    const struct gpu_model *g = c->g;
+    const struct model_hp *hp = &g->hp;
+    int D = hp->n_embd, V = hp->n_vocab;
+    gf_embed_kernel<<<T, 256, 0, c->stream>>>(g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D, c->io, c->x);
+    GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_EMBED);
+    for (int il = 0; il < hp->n_layer; il++)
+        if (gf_layer(c, il, T, err, errlen))
+            return -1;
+    int n = T - out0;
+    if (n <= 0)
+        return 0;
+    int rc = gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm, hp->rms_eps, D, n,
+                    c->xn, c->aq, c->ads, err, errlen) ||
+             gf_matmul(c, &g->output, c->xn, n, c->logits, V, g->output_b, 0, err, errlen) ? -1 : 0;
+    gf_mark(c, GF_ST_HEAD);
+    return rc;
+}
+
+/* ---- contexts ---- */
+
+void gpu_ctx_free(struct gpu_ctx *c)
+{
+    if (!c)
+        return;
+    if (c->graph_state == 1)
+        gpuGraphExecDestroy(c->graph);
+    void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
+                    c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            gpuFree(bufs[i]);
+    if (c->io_host)
+        gpuFreeHost(c->io_host);
+    if (c->lg_host)
+        gpuFreeHost(c->lg_host);
+    if (c->stream)
+        gpuStreamDestroy(c->stream);
+    free(c);
+}
+
+static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
+{
+    GPU_TRY(gpuMalloc(p, bytes ? bytes : 16), err, errlen);
+    return 0;
+}
+
+static int gf_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int max_tokens, char *err,
+                size_t errlen)
+{
+    *out = NULL;
+    const struct model_hp *hp = &g->hp;
+    const struct kv_config *cfg = kv_cfg(kv);
+    if (max_tokens <= 0)
+        return strata_errf(err, errlen, "GPU context: max_tokens %d", max_tokens);
+    if (cfg->n_layer != hp->n_layer || cfg->n_head_kv != hp->n_head_kv || cfg->head_dim != hp->head_dim)
+        return strata_errf(err, errlen, "GPU context: the KV cache's shape does not match the model");
+    struct gpu_ctx *c = (struct gpu_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return strata_errf(err, errlen, "out of memory");
+    struct kv_layout lo;
+    kv_layout(kv, &lo);
+    if ((gf_krow(cfg->cell) == GF_ROW_Q4 || gf_vrow(cfg->cell) == GF_ROW_Q4) && hp->head_dim % 32) {
+        free(c);
+        return strata_errf(err, errlen, "GPU context: head dim %d does not fit %s cells", hp->head_dim,
+                           kv_cell_name(cfg->cell));
+    }
+    c->g = g, c->kv = kv, c->T = max_tokens;
+    c->max_cells = cfg->n_ctx, c->max_pages = lo.max_pages;
+    c->gemm_ok = !gf_env("STRATA_GPU_NO_GEMM");
+    c->graph_state = gf_env("STRATA_GPU_NO_GRAPH") ? -1 : 0;
+    int T = max_tokens, U = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
+    int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
+    int F = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    int maxn = D > HE ? D : HE;
+    maxn = maxn > F ? maxn : F;
+    size_t MU = (size_t)T * U;
+    c->MU = (int)MU;
+    size_t fb = sizeof(float);
+    size_t gemm = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct gf_layer *ly = &g->layers[il];
+        const struct gf_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (mats[i]->d && gpu_gemm_supports(mats[i]->type)) {
+                size_t b = gpu_gemm_scratch_bytes(mats[i]->type, mats[i]->n, mats[i]->rows, T);
+                gemm = b > gemm ? b : gemm;
+            }
+    }
+    if (gpu_gemm_supports(g->output.type)) {
+        size_t b = gpu_gemm_scratch_bytes(g->output.type, g->output.n, g->output.rows, T);
+        gemm = b > gemm ? b : gemm;
+    }
+    int rc = 0;
+    gpuError_t e = gpuStreamCreate(&c->stream);
+    if (e != gpuSuccess)
+        rc = strata_errf(err, errlen, "gpuStreamCreate: %s", gpuGetErrorString(e));
+    if (!rc) {
+        rc = gf_alloc((void **)&c->x, (size_t)T * D * fb, err, errlen) ||
+             gf_alloc((void **)&c->xn, (size_t)T * D * fb, err, errlen) ||
+             gf_alloc((void **)&c->tmp, (size_t)T * D * fb, err, errlen) ||
+             gf_alloc((void **)&c->q, (size_t)T * HE * fb, err, errlen) ||
+             gf_alloc((void **)&c->k, (size_t)T * KE * fb, err, errlen) ||
+             gf_alloc((void **)&c->v, (size_t)T * KE * fb, err, errlen) ||
+             gf_alloc((void **)&c->ao, (size_t)T * HE * fb, err, errlen) ||
+             gf_alloc((void **)&c->gt, MU * F * fb, err, errlen) ||
+             gf_alloc((void **)&c->up, MU * F * fb, err, errlen) ||
+             gf_alloc((void **)&c->eo, hp->n_expert ? MU * D * fb : 0, err, errlen) ||
+             gf_alloc((void **)&c->router, (size_t)T * (hp->n_expert ? hp->n_expert : 1) * fb, err, errlen) ||
+             gf_alloc((void **)&c->selw, MU * fb, err, errlen) ||
+             gf_alloc((void **)&c->sel, MU * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
+             gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
+             gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c->io, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t), err, errlen) ||
+             gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
+                      errlen) ||
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
+    }
+    if (!rc) {
+        e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
+        if (e == gpuSuccess)
+            e = gpuMallocHost((void **)&c->lg_host, (size_t)hp->n_vocab * sizeof(float));
+        if (e != gpuSuccess)
+            rc = strata_errf(err, errlen, "gpuMallocHost: %s", gpuGetErrorString(e));
+    }
+    if (rc) {
+        gpu_ctx_free(c);
+        return -1;
+    }
+    c->gemm_scratch_bytes = gemm;
+    *out = c;
+    return 0;
+}
+
+/* The T=1 step as a graph: captured at the first decode, replayed after
+ * (every kernel reads the token, position and page table from c->io). */
+static int gf_decode_graph(struct gpu_ctx *c, char *err, size_t errlen)
+{
+    if (c->graph_state == 0) {
+        gpuGraph_t graph;
+        GPU_TRY(gpuStreamBeginCapture(c->stream, gpuStreamCaptureModeThreadLocal), err, errlen);
+        int rc = gf_forward(c, 1, 0, err, errlen);
+        gpuError_t e = gpuStreamEndCapture(c->stream, &graph);
+        if (rc || e != gpuSuccess || gpuGraphInstantiate(&c->graph, graph) != gpuSuccess) {
+            /* something in the step cannot be captured: run it directly from now on */
+            if (e == gpuSuccess)
+                gpuGraphDestroy(graph);
+            (void)gpuGetLastError();
+            c->graph_state = -1;
+            return gf_forward(c, 1, 0, err, errlen);
+        }
+        gpuGraphDestroy(graph);
+        c->graph_state = 1;
+    }
+    if (c->graph_state < 0)
+        return gf_forward(c, 1, 0, err, errlen);
+    GPU_TRY(gpuGraphLaunch(c->graph, c->stream), err, errlen);
+    return 0;
+}
+
 int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits,
              char *err, size_t errlen)
 {
-    (void)c, (void)seq, (void)tokens, (void)n, (void)pos, (void)logits, (void)all_logits;
-    return todo(err, errlen);
+    const struct model_hp *hp = &c->g->hp;
+    if (n <= 0 || n > c->T)
+        return strata_errf(err, errlen, "GPU eval: %d tokens (this context takes 1..%d)", n, c->T);
+    if (pos < 0 || kv_seq_len(c->kv, seq) != pos + n)
+        return strata_errf(err, errlen, "GPU eval: cells %d..%d are not the last of sequence %d (%d cells)",
+                           pos, pos + n - 1, seq, kv_seq_len(c->kv, seq));
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return strata_errf(err, errlen, "token id %d out of range (vocabulary of %d)", (int)tokens[i],
+                               hp->n_vocab);
+    int P = kv_cfg(c->kv)->page_cells, pages = (pos + n + P - 1) / P;
+    memcpy(c->io_host, tokens, (size_t)n * sizeof(int32_t));
+    c->io_host[c->T] = pos;
+    memcpy(c->io_host + c->T + 1, kv_page_table(c->kv, seq), (size_t)pages * sizeof(int32_t));
+    GPU_TRY(gpuMemcpyAsync(c->io, c->io_host, (size_t)n * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream),
+            err, errlen);
+    GPU_TRY(gpuMemcpyAsync(c->io + c->T, c->io_host + c->T, (size_t)(1 + pages) * sizeof(int32_t),
+                           gpuMemcpyHostToDevice, c->stream), err, errlen);
+    int out0 = !logits ? n : all_logits ? 0 : n - 1;
+    int rc = n == 1 && logits ? gf_decode_graph(c, err, errlen) : gf_forward(c, n, out0, err, errlen);
+    /* one row goes through pinned memory (a truly asynchronous copy) */
+    size_t lg_bytes = (size_t)(n - out0) * hp->n_vocab * sizeof(float);
+    float *lg_dst = n - out0 == 1 ? c->lg_host : logits;
+    if (!rc && logits)
+        GPU_TRY(gpuMemcpyAsync(lg_dst, c->logits, lg_bytes, gpuMemcpyDeviceToHost, c->stream), err, errlen);
+    gpuError_t e = gpuStreamSynchronize(c->stream);
+    if (rc)
+        return -1;
+    if (e != gpuSuccess)
+        return strata_errf(err, errlen, "GPU eval: %s", gpuGetErrorString(e));
+    if (logits && lg_dst != logits)
+        memcpy(logits, lg_dst, lg_bytes);
+    return 0;
 }
+
 int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T, const float *k, const float *v,
                  void *stream, char *err, size_t errlen)
 {
-    (void)kv, (void)layer, (void)pos0, (void)T, (void)k, (void)v, (void)stream;
-    return todo(err, errlen);
+    if (kv->cell < 0 || kv->cell >= KV_CELL_COUNT || layer < 0 || layer >= kv->L || T <= 0)
+        return strata_errf(err, errlen, "gpu_kv_store: bad call (cell %d, layer %d, %d rows)", kv->cell, layer, T);
+    int kr = gf_krow(kv->cell), vr = gf_vrow(kv->cell);
+    if ((kr == GF_ROW_Q4 || vr == GF_ROW_Q4) && kv->E % 32)
+        return strata_errf(err, errlen, "gpu_kv_store: head dim %d does not fit Q4 cells", kv->E);
+    gf_store p;
+    p.kv = *kv, p.layer = layer, p.krow = kr, p.vrow = vr, p.pos0 = pos0, p.k = k, p.v = v;
+    gf_store_kernel<<<dim3(T, kv->K, 2), 32, 0, (gpuStream_t)stream>>>(p);
+    GF_LAUNCH_CHECK(err, errlen);
+    return 0;
+}
+
+/* ---- for tests ---- */
+
+void *gpu_test_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return gpuMalloc(&p, bytes ? bytes : 16) == gpuSuccess ? p : NULL;
+}
+
+void gpu_test_free(void *p)
+{
+    if (p)
+        gpuFree(p);
+}
+
+int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host)
+{
+    return gpuMemcpy(dst, src, bytes, to_host ? gpuMemcpyDeviceToHost : gpuMemcpyHostToDevice) == gpuSuccess
+               ? 0 : -1;
+}
+
+int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+                    char *err, size_t errlen)
+{
+    if (!gf_supported(type))
+        return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet", gguf_type_name(type));
+    struct gpu_ctx c;
+    memset(&c, 0, sizeof c);
+    c.T = T;
+    uint8_t *dw = NULL;
+    float *dx = NULL, *dy = NULL;
+    int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
+             gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
+             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+    if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
+        rc = strata_errf(err, errlen, "gpuStreamCreate failed");
+    if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
+                gpuMemcpy(dx, x, (size_t)T * n * 4, gpuMemcpyHostToDevice) != gpuSuccess ||
+                gpuMemset(dy, 0xff, (size_t)T * rows * 4) != gpuSuccess))
+        rc = strata_errf(err, errlen, "copy to the device failed");
+    if (!rc) {
+        struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
+        if (!gf_float_type(type))
+            rc = gf_act(c.stream, GF_ACT_PLAIN, dx, NULL, NULL, 0, n, T, NULL, c.aq, c.ads, err, errlen);
+        if (!rc)
+            rc = gf_matmul(&c, &m, dx, T, dy, rows, NULL, 0, err, errlen);
+        gpuError_t e = gpuStreamSynchronize(c.stream);
+        if (!rc && e != gpuSuccess)
+            rc = strata_errf(err, errlen, "matvec: %s", gpuGetErrorString(e));
+        if (!rc && gpuMemcpy(y, dy, (size_t)T * rows * 4, gpuMemcpyDeviceToHost) != gpuSuccess)
+            rc = strata_errf(err, errlen, "copy from the device failed");
+    }
+    if (c.stream)
+        gpuStreamDestroy(c.stream);
+    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
+    return rc;
+}
+
+/* holds the GPU for about `cycles` clocks, so that everything queued after
+ * it runs back to back (timings without launch gaps) */
+__global__ void gf_spin_kernel(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *out, size_t cap, char *err,
+                     size_t errlen)
+{
+    if (kv_seq_len(c->kv, seq) != pos + 1)
+        return strata_errf(err, errlen, "profile: cell %d is not the last of sequence %d", pos, seq);
+    struct gf_prof *p = (struct gf_prof *)calloc(1, sizeof *p);
+    if (!p)
+        return strata_errf(err, errlen, "out of memory");
+    int rc = 0, made = 0;
+    for (; made < GF_PROF_MAX && !rc; made++)
+        if (gpuEventCreate(&p->ev[made]) != gpuSuccess) {
+            rc = strata_errf(err, errlen, "gpuEventCreate failed");
+            made--;
+        }
+    gpuEvent_t start = NULL;
+    if (!rc && gpuEventCreate(&start) != gpuSuccess) {
+        start = NULL;
+        rc = strata_errf(err, errlen, "gpuEventCreate failed");
+    }
+    if (!rc) {
+        int P = kv_cfg(c->kv)->page_cells, pages = (pos + P) / P;
+        c->io_host[0] = token;
+        c->io_host[c->T] = pos;
+        memcpy(c->io_host + c->T + 1, kv_page_table(c->kv, seq), (size_t)pages * sizeof(int32_t));
+        if (gpuMemcpyAsync(c->io, c->io_host, sizeof(int32_t), gpuMemcpyHostToDevice, c->stream) != gpuSuccess ||
+            gpuMemcpyAsync(c->io + c->T, c->io_host + c->T, (size_t)(1 + pages) * sizeof(int32_t),
+                           gpuMemcpyHostToDevice, c->stream) != gpuSuccess)
+            rc = strata_errf(err, errlen, "profile: upload failed");
+        gf_spin_kernel<<<1, 1, 0, c->stream>>>(200000000LL);   /* ~0.1 s */
+        if (!rc && gpuEventRecord(start, c->stream) != gpuSuccess)
+            rc = strata_errf(err, errlen, "profile: gpuEventRecord failed");
+        c->prof = p;
+        if (!rc)
+            rc = gf_forward(c, 1, 0, err, errlen);
+        c->prof = NULL;
+        if (gpuStreamSynchronize(c->stream) != gpuSuccess && !rc)
+            rc = strata_errf(err, errlen, "profile: the step failed");
+    }
+    if (!rc) {
+        double ms[GF_ST_COUNT] = {0}, total = 0;
+        int count[GF_ST_COUNT] = {0};
+        for (int i = 0; i < p->n; i++) {
+            float t = 0;
+            if (gpuEventElapsedTime(&t, i ? p->ev[i - 1] : start, p->ev[i]) != gpuSuccess)
+                t = 0;
+            ms[p->stage[i]] += t;
+            count[p->stage[i]]++;
+            total += t;
+        }
+        size_t o = 0;
+        o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "step %.1f us:", 1000 * total);
+        for (int k = 0; k < GF_ST_COUNT; k++)
+            if (count[k])
+                o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, " %s %.1f", gf_st_names[k], 1000 * ms[k]);
+    }
+    if (start)
+        gpuEventDestroy(start);
+    for (int i = 0; i < made; i++)
+        gpuEventDestroy(p->ev[i]);
+    free(p);
+    return rc;
 }

@@ -64,6 +64,12 @@ int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 /* The kernel the dispatch table picks for a call (for logs and tests). */
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
+/* attn_cuda.cu, for test_gpu_attn.c (device memory: gpu_test_alloc below):
+ * a device synchronisation (0 or -1), and ms per call of fn(arg) over reps
+ * calls on the default stream after one warm-up call, by events (< 0 on
+ * failure). */
+int gpu_attn_test_sync(void);
+double gpu_attn_test_time(int (*fn)(void *), void *arg, int reps);
 
 /* attn_hip.hip: the kernels without matrix cores, written for RDNA2 (wave32
  * warps, 128-thread blocks) and compiled by both toolchains. Under CUDA,
@@ -74,6 +80,18 @@ int gpu_attn_prompt_rdna2(const struct gpu_attn *a, void *stream, char *err, siz
 int gpu_attn_decode_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 int gpu_attn_qsa_prompt_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 int gpu_attn_qsa_decode_rdna2(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+/* The scratch the two split launchers above need (partials of up to 32
+ * partitions, fewer for long T): gpu_attn_scratch_bytes must return at
+ * least this. The other two need none. */
+size_t gpu_attn_rdna2_scratch_bytes(int H, int T, int max_cells, int E);
+/* For test_gpu_rdna2.c: a call whose pointers are HOST arrays (n_pages pages,
+ * a table of max_pages, q and out (T, H*E), one pos0, sel (sel_off[T]) and
+ * sel_off (T+1) or NULL; scratch ignored) copied to the device; runs entry
+ * `which` (0..3: the four launchers above; 4..7: gpu_attn_prompt, _decode,
+ * _qsa_prompt, _qsa_decode) once on a poisoned (NaN) output, copies it to
+ * host->out, then times reps more calls: *ms per call (events). */
+int gpu_attn_rdna2_test(const struct gpu_attn *host, int n_pages, int max_pages, int which, int reps, float *ms,
+                        char *err, size_t errlen);
 
 /* Prompt matrix product: y (T, rows) f32, row stride ldy floats, =
  * x (T, n) f32 · Wᵀ, W `rows` rows of n elements of block type `type`, ldw
@@ -84,6 +102,34 @@ int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *
 /* Whether gpu_gemm takes this block type (the others stay on gpu.cu's
  * matrix-vector kernels). */
 int gpu_gemm_supports(int type);
+/* gpu_gemm.cu: y (rows, n) f32, row stride ldy floats, = W's rows dequantised
+ * by gpu_quant.h (bit-equal to quant.c's to_f32; e.g. embedding lookups). */
+int gpu_dequant(int type, const void *w, size_t ldw, int n, int rows, float *y, size_t ldy,
+                void *stream, char *err, size_t errlen);
+/* gpu_gemm.cu, for tests and benchmarks (synchronous, current device; memory
+ * from gpu_test_alloc below): a byte fill (-1 on failure), and the median
+ * milliseconds of reps gpu_gemm calls on the default stream, each timed by
+ * events (< 0: error). */
+int gpu_gemm_test_fill(void *dev, int byte, size_t bytes);
+double gpu_gemm_test_ms(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T,
+                        float *y, size_t ldy, void *scratch, int reps, char *err, size_t errlen);
+
+/* gpu.cu, for the GPU tests (C files that see no runtime API): device
+ * memory and synchronous copies (to_host: device→host, else host→device). */
+void *gpu_test_alloc(size_t bytes);
+void gpu_test_free(void *p);
+int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host);
+/* y (T, rows) = rows of w (host: `type` blocks, ldw bytes each) · x (T, n),
+ * through the forward pass's matrix-vector kernels (T == 1: the decode
+ * kernel; more: the batched one), the activations quantised on the device as
+ * the pass quantises them. Host buffers. */
+int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+                    char *err, size_t errlen);
+/* One decode step of token at cell pos (the sequence's last) run without the
+ * graph after a pause that lets every launch queue up, with an event after
+ * each stage: out gets "step N us: stage us ..." summed over the layers. */
+int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *out, size_t cap, char *err,
+                     size_t errlen);
 
 #ifdef __cplusplus
 }

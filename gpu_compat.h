@@ -25,9 +25,12 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuGetDeviceProperties hipGetDeviceProperties
 #define gpuSetDevice hipSetDevice
 #define gpuMalloc hipMalloc
-#define gpuFree hipFree
 #define gpuMallocHost hipHostMalloc
-#define gpuFreeHost hipHostFree
+/* HIP 5.2 declares hipError_t [[nodiscard]] (cudaError_t is not): the
+ * release calls, which cleanup paths make without a check, drop it here */
+static inline void gpu_hip_drop(hipError_t e) { (void)e; }
+#define gpuFree(p) gpu_hip_drop(hipFree(p))
+#define gpuFreeHost(p) gpu_hip_drop(hipHostFree(p))
 #define gpuMemcpy hipMemcpy
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemset hipMemset
@@ -36,11 +39,11 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define gpuStreamCreate hipStreamCreate
-#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamDestroy(s) gpu_hip_drop(hipStreamDestroy(s))
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuDeviceSynchronize hipDeviceSynchronize
 #define gpuEventCreate hipEventCreate
-#define gpuEventDestroy hipEventDestroy
+#define gpuEventDestroy(e) gpu_hip_drop(hipEventDestroy(e))
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
@@ -49,8 +52,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
 #define gpuGraphInstantiate(e, g) hipGraphInstantiate(e, g, NULL, NULL, 0)
 #define gpuGraphLaunch hipGraphLaunch
-#define gpuGraphDestroy hipGraphDestroy
-#define gpuGraphExecDestroy hipGraphExecDestroy
+#define gpuGraphDestroy(g) gpu_hip_drop(hipGraphDestroy(g))
+#define gpuGraphExecDestroy(g) gpu_hip_drop(hipGraphExecDestroy(g))
 #define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #ifdef __AMDGCN_WAVEFRONT_SIZE
@@ -126,6 +129,19 @@ static __device__ __forceinline__ float warp_max(float v)
         v = fmaxf(v, gpu_shfl_xor(v, m));
     return v;
 }
+
+/* c + the dot product of the four signed bytes of a and of b (dp4a). */
+#ifdef GPU_CUDA
+#define gpu_dp4a(a, b, c) __dp4a(a, b, c)
+#else
+static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
+{
+#pragma unroll
+    for (int i = 0; i < 32; i += 8)
+        c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
+    return c;
+}
+#endif
 
 /* The error convention of strata.h for a runtime call. */
 #define GPU_TRY(call, err, errlen)                                                              \

@@ -1,14 +1,843 @@
 /*
- * gpu_gemm.cu — skeleton: the helper "gpu-gemm" replaces this file.
+ * gpu_gemm.cu — prompt matrix products on the GPU: y (T, rows) = x (T, n) · Wᵀ
+ * with W kept in its GGUF block format and dequantised inside the kernel
+ * (gpu_quant.h), for every type gq_supported lists.
+ *
+ * Two kernels, one choice (gg_run): on sm_80+ (CUDA) tensor cores, mma.sync
+ * m16n8k16 with f16 inputs and f32 accumulation — the activations rounded to
+ * f16 once into the caller's scratch, the raw weight blocks streamed into
+ * shared memory and dequantised there to f16 tiles; elsewhere (older cards,
+ * HIP, shapes the mma kernel does not tile, or STRATA_GEMM_PORTABLE=1) a
+ * tiled f32 kernel without matrix units. Must not: allocate, synchronise, or
+ * keep state between calls (so gpu.cu can capture the launches in a graph).
+ * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
+ * Numerics of the mma path: f16 activations and weights (relative rounding
+ * 2^-11 each), f32 sums; |x| and |w| must stay below f16's 65504.
  */
+#include <stdlib.h>
+
 #include "gpu.h"
 #include "gpu_compat.h"
+#include "gpu_quant.h"
 
-size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T) { (void)type, (void)n, (void)rows, (void)T; return 0; }
-int gpu_gemm_supports(int type) { (void)type; return 0; }
-int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y, size_t ldy,
-             void *scratch, void *stream, char *err, size_t errlen)
+#define GG_BK 32        /* k per shared tile */
+#define GG_THREADS 256
+
+/* ==== weight chunks: 16 elements of a row, zero past n ==== */
+
+/* Blocked types have n a multiple of their block (>= 32), so only the float
+ * types (block 1) can end inside a tile; the padding reads as 0 so that it
+ * meets the zero-padded activations without NaN. */
+template <int TYPE>
+static __device__ __forceinline__ void gg_wchunk(const uint8_t *row, int i16, int n, float f[16])
 {
-    (void)type, (void)w, (void)ldw, (void)n, (void)rows, (void)x, (void)T, (void)y, (void)ldy, (void)scratch, (void)stream;
-    return strata_errf(err, errlen, "gpu_gemm.cu: not written yet");
+    if (16 * i16 + 16 <= n) {
+        gq_dequant16(TYPE, row, i16, f);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int k = 16 * i16 + j;
+        float v = 0.f;
+        if (k < n) {
+            if (TYPE == QT_F32)
+                v = ((const float *)row)[k];
+            else if (TYPE == QT_F16)
+                v = __half2float(__ushort_as_half(((const unsigned short *)row)[k]));
+            else if (TYPE == QT_BF16)
+                v = __uint_as_float((unsigned)((const unsigned short *)row)[k] << 16);
+        }
+        f[j] = v;
+    }
+}
+
+/* One thread per 16 elements: y (rows, n) = W dequantised. */
+template <int TYPE>
+__global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, float *y, size_t ldy)
+{
+    int c16 = (n + 15) / 16;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * c16)
+        return;
+    int r = (int)(i / c16), i16 = (int)(i % c16);
+    float f[16];
+    gg_wchunk<TYPE>(w + (size_t)r * ldw, i16, n, f);
+    float *dst = y + (size_t)r * ldy + 16 * i16;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (16 * i16 + j < n)
+            dst[j] = f[j];
+}
+
+/* ==== portable tiled kernel: f32, no matrix units ==== */
+
+#define GG_TM 64 /* tokens per block */
+#define GG_TN 64 /* weight rows per block */
+
+/* Each of the 256 threads sums 4 tokens x 4 rows (strided by 16, so the
+ * shared reads of a warp are broadcasts or consecutive words). */
+template <int TYPE>
+__global__ void __launch_bounds__(GG_THREADS) gg_tiled(const uint8_t *w, size_t ldw, int n, int rows,
+                                                       const float *x, int T, float *y, size_t ldy)
+{
+    __shared__ float xs[GG_BK][GG_TM + 1]; /* (k, token) */
+    __shared__ float ws[GG_BK][GG_TN + 1]; /* (k, weight row) */
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    int m0 = blockIdx.y * GG_TM, n0 = blockIdx.x * GG_TN;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < n; k0 += GG_BK) {
+        for (int e = tid; e < GG_TM * GG_BK; e += GG_THREADS) {
+            int r = e / GG_BK, k = e % GG_BK;
+            xs[k][r] = m0 + r < T && k0 + k < n ? x[(size_t)(m0 + r) * n + k0 + k] : 0.f;
+        }
+        if (tid < GG_TN * 2) {
+            int r = tid >> 1, h = tid & 1;
+            float f[16];
+            gg_wchunk<TYPE>(w + (size_t)min(n0 + r, rows - 1) * ldw, k0 / 16 + h, n, f);
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                ws[16 * h + j][r] = f[j];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GG_BK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i] = xs[k][ty + 16 * i];
+                b[i] = ws[k][tx + 16 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int t = m0 + ty + 16 * i, r = n0 + tx + 16 * j;
+            if (t < T && r < rows)
+                y[(size_t)t * ldy + r] = acc[i][j];
+        }
+}
+
+/* ==== tensor-core kernel (CUDA sm_80+) ==== */
+
+#ifdef GPU_CUDA
+#define GG_LD 40  /* halves per shared row of a k-tile: 32 + 8 of padding, so rows are
+                     80 bytes apart and the 8 row addresses of an ldmatrix hit 8
+                     distinct bank quads */
+#define GG_BN 128 /* weight rows per block */
+
+/* The file layout of each type, as quant.c's table has it (checked against
+ * quant_type() on the host before a launch). */
+static __host__ __device__ constexpr int gg_blck(int t)
+{
+    return t == QT_F32 || t == QT_F16 || t == QT_BF16 ? 1
+           : t == QT_Q4_0 || t == QT_Q4_1 || t == QT_Q5_0 || t == QT_Q5_1 || t == QT_Q8_0 || t == QT_Q8_1 ||
+                   t == QT_IQ4_NL
+               ? 32
+               : 256;
+}
+
+static __host__ __device__ constexpr int gg_bsize(int t)
+{
+    return t == QT_F32 ? 4 : t == QT_F16 || t == QT_BF16 ? 2 : t == QT_Q4_0 ? 18 : t == QT_Q4_1 ? 20
+           : t == QT_Q5_0 ? 22 : t == QT_Q5_1 ? 24 : t == QT_Q8_0 ? 34 : t == QT_Q8_1 ? 36
+           : t == QT_Q2_K ? 84 : t == QT_Q3_K ? 110 : t == QT_Q4_K ? 144 : t == QT_Q5_K ? 176
+           : t == QT_Q6_K ? 210 : t == QT_Q8_K ? 292 : t == QT_IQ4_NL ? 18 : t == QT_IQ4_XS ? 136 : 0;
+}
+
+/* A weight row is staged in "supersteps" of gg_sup elements (one K-quant
+ * super-block, eight 32-blocks, or 32 floats): gg_rb bytes, copied as 4-byte
+ * words from the aligned-down start (rows may begin at any even address), so
+ * gg_upr words cover it; gg_rs words per shared row, odd so that the rows a
+ * warp decodes sit in distinct banks. */
+static __host__ __device__ constexpr int gg_sup(int t) { return gg_blck(t) == 1 ? 32 : 256; }
+static __host__ __device__ constexpr int gg_rb(int t) { return gg_sup(t) / gg_blck(t) * gg_bsize(t); }
+static __host__ __device__ constexpr int gg_upr(int t) { return (gg_rb(t) + 3) / 4 + 1; }
+static __host__ __device__ constexpr int gg_rs(int t) { return gg_upr(t) | 1; }
+
+/* x (T, n) f32 -> xh (T, n) f16 (the mma kernel's A), pairs = T * n / 2. */
+__global__ void gg_to_half(const float2 *x, size_t pairs, __half2 *xh)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < pairs)
+        xh[i] = __float22half2_rn(x[i]);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+static __device__ __forceinline__ unsigned gg_smem(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, asynchronous (both 16-byte aligned). */
+static __device__ __forceinline__ void gg_cp16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gg_smem(dst)), "l"(src));
+}
+
+/* 4 bytes global -> shared, of which the first `bytes` are read and the rest
+ * zero-filled (no read past a row's last block). */
+static __device__ __forceinline__ void gg_cp4(void *dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(gg_smem(dst)), "l"(src), "r"(bytes));
+}
+
+static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(gg_smem(p)));
+}
+
+static __device__ __forceinline__ void gg_mma16816(float c[4], const unsigned a[4], const unsigned b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+/* The pipeline: GG_SA activation k-tiles in flight (cp.async groups, one
+ * committed per iteration), so a tile's loads have GG_SA - 1 iterations of
+ * mma to arrive in. A weight superstep's raw words arrive over gg_m
+ * iterations that end GG_SA iterations before its first tile is decoded
+ * (they share the activations' groups, so the same wait covers both); gg_rr
+ * superstep buffers keep that early arrival from overwriting a superstep
+ * still being decoded: a buffer is refilled from iteration
+ * (S + RR) * NSUB - SA - M + 1, after its last decode at S * NSUB + NSUB - 2,
+ * exactly when (RR - 1) * NSUB >= SA + M - 2. */
+#define GG_SA 4
+static __host__ __device__ constexpr int gg_nsub(int t) { return gg_sup(t) / GG_BK; }
+static __host__ __device__ constexpr int gg_m(int t)
+{
+    return gg_nsub(t) - GG_SA + 2 > 1 ? gg_nsub(t) - GG_SA + 2 : 1;
+}
+static __host__ __device__ constexpr int gg_rr(int t)
+{
+    return 1 + (GG_SA + gg_m(t) - 2 + gg_nsub(t) - 1) / gg_nsub(t);
+}
+
+/* Shared memory of one block: GG_SA activation k-tiles, two weight k-tiles
+ * (f16), gg_rr raw weight supersteps. */
+static __host__ __device__ constexpr size_t gg_smem_bytes(int type, int bm)
+{
+    return (size_t)(GG_SA * bm + 2 * GG_BN) * GG_LD * 2 + (size_t)gg_rr(type) * GG_BN * gg_rs(type) * 4;
+}
+
+/* Block tile (16*MT*WM tokens) x 128 weight rows, WM x 2 warps, a warp
+ * owning (16*MT) x 64 outputs; k in tiles of 32, one barrier per tile.
+ * Iteration kt: wait for tile kt (and the raw supersteps decoded next),
+ * barrier; issue activation tile kt + SA - 1 and a slice of raw words;
+ * decode weight tile kt + 1 from the raw words into registers; the mma of
+ * tile kt; store the decoded tile as f16 into the other weight buffer (read
+ * by the mma of kt - 1, which the barrier has retired). The mma's A is x
+ * (row-major tokens x k), B is W (each weight row k-contiguous = B's "col"
+ * layout), both read with ldmatrix. Split-K: block z of gridDim.z sums the
+ * supersteps [z * ns / Z, (z + 1) * ns / Z) into y + z * ysplit. Requires n
+ * a multiple of gg_sup(TYPE), gridDim.z <= n / gg_sup(TYPE), w and ldw
+ * 4-byte aligned (the host checks). */
+template <int TYPE, int WM, int MT>
+__global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, int n, int rows,
+                                                  const __half *xh, int T, float *y, size_t ldy, size_t ysplit)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int NTH = 64 * WM, BM = 16 * MT * WM, NT = 8, SA = GG_SA;
+    constexpr int NSUB = gg_nsub(TYPE), RB = gg_rb(TYPE), UPR = gg_upr(TYPE), RS = gg_rs(TYPE);
+    constexpr int M = gg_m(TYPE), RR = gg_rr(TYPE);
+    constexpr int CPT = 2 * GG_BN / NTH;               /* 16-element chunks per thread per k-tile */
+    constexpr int SLICE = (GG_BN * UPR + M - 1) / M;   /* raw words issued per iteration */
+    static_assert((RR - 1) * NSUB >= SA + M - 2 && M <= NSUB, "raw superstep ring too short");
+    extern __shared__ __align__(16) unsigned char gg_sm[];
+    __half(*sa)[BM][GG_LD] = (__half(*)[BM][GG_LD])gg_sm;                             /* (SA, BM, k) */
+    __half(*sb)[GG_BN][GG_LD] = (__half(*)[GG_BN][GG_LD])(gg_sm + SA * BM * GG_LD * 2); /* (2, BN, k) */
+    unsigned *raw = (unsigned *)(gg_sm + (SA * BM + 2 * GG_BN) * GG_LD * 2);            /* (RR, BN, RS) */
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = warp >> 1, wn = warp & 1;
+    int m0 = blockIdx.y * BM, n0 = blockIdx.x * GG_BN;
+    int ns_all = n / gg_sup(TYPE);
+    int s0 = (int)((long long)blockIdx.z * ns_all / gridDim.z);
+    int ns = (int)((long long)(blockIdx.z + 1) * ns_all / gridDim.z) - s0, nk = ns * NSUB, kt0 = s0 * NSUB;
+    y += blockIdx.z * ysplit;
+    float acc[MT][NT][4] = {};
+    unsigned wreg[CPT * 8];
+    /* this thread's weight row: chunks ci = tid*CPT + c all lie in row
+     * (tid*CPT) >> 1; rows start 4-byte aligned (the host checks), so
+     * superstep S's bytes sit at shift (S * RB) & 3 in the shared row */
+    constexpr int RA = RB % 4 == 0 ? 4 : 2;
+    int wr = (tid * CPT) >> 1;
+
+    /* raw words of local superstep S, slice sl of M (clamped rows are read
+     * but never stored) */
+    auto issue_raw = [&](int S, int sl) {
+        unsigned *dst = raw + (S % RR) * GG_BN * RS;
+        int e1 = min((sl + 1) * SLICE, GG_BN * UPR);
+        for (int e = sl * SLICE + tid; e < e1; e += NTH) {
+            int r = e / UPR, u = e % UPR;
+            const uint8_t *seg = w + (size_t)min(n0 + r, rows - 1) * ldw + (size_t)(s0 + S) * RB;
+            const uint8_t *src = (const uint8_t *)((size_t)seg & ~(size_t)3) + 4 * u;
+            int left = (int)(seg + RB - src);
+            if (left > 0)
+                gg_cp4(dst + r * RS + u, src, min(left, 4));
+        }
+    };
+    /* iteration it issues slice sl < M of superstep S where
+     * S * NSUB + sl = it + SA + M - 1 */
+    auto issue_raw_iter = [&](int it) {
+        int f = it + SA + M - 1, S = f / NSUB, sl = f % NSUB;
+        if (sl < M && S < ns)
+            issue_raw(S, sl);
+    };
+    auto load_a = [&](int kt, int st) {
+        for (int c = tid; c < BM * 4; c += NTH) {
+            int r = c >> 2, cc = c & 3;
+            gg_cp16(&sa[st][r][8 * cc], xh + (size_t)min(m0 + r, T - 1) * n + (kt0 + kt) * GG_BK + 8 * cc);
+        }
+    };
+    auto dequant_w = [&](int kt) {
+        int S = kt / NSUB, sub = kt % NSUB;
+        const uint8_t *rowp = (const uint8_t *)(raw + (S % RR) * GG_BN * RS + wr * RS) + (((s0 + S) * RB) & 3);
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int ci = tid * CPT + c;
+            float f[16];
+            gq_dequant16_al<RA>(TYPE, rowp, 2 * sub + (ci & 1), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+                wreg[8 * c + j] = *(unsigned *)&h;
+            }
+        }
+    };
+    auto store_w = [&](int st) {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int ci = tid * CPT + c;
+            uint4 *d = (uint4 *)&sb[st][ci >> 1][16 * (ci & 1)];
+            d[0] = make_uint4(wreg[8 * c], wreg[8 * c + 1], wreg[8 * c + 2], wreg[8 * c + 3]);
+            d[1] = make_uint4(wreg[8 * c + 4], wreg[8 * c + 5], wreg[8 * c + 6], wreg[8 * c + 7]);
+        }
+    };
+
+    /* prologue: group j holds activation tile j (j < SA - 1), group 0 also
+     * the raw slices of the iterations before 0 */
+    for (int it = -(SA + M - 1); it < 0; it++)
+        issue_raw_iter(it);
+#pragma unroll
+    for (int j = 0; j < SA - 1; j++) {
+        if (j < nk)
+            load_a(j, j);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(SA - 2) : "memory");
+    __syncthreads();
+    dequant_w(0);
+    store_w(0);
+    for (int kt = 0; kt < nk; kt++) {
+        /* committed: SA - 1 + kt groups; all but the newest SA - 2 done =
+         * activation tile kt and the raw slices of iterations <= kt - SA + 1 */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(SA - 2) : "memory");
+        __syncthreads();
+        int cur = kt % SA;
+        if (kt + SA - 1 < nk)
+            load_a(kt + SA - 1, (kt + SA - 1) % SA);
+        issue_raw_iter(kt);
+        asm volatile("cp.async.commit_group;\n" ::);
+        dequant_w(min(kt + 1, nk - 1)); /* the last iteration repeats a decode into the idle buffer */
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++) {
+            unsigned af[MT][4], bf[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                gg_ldm4(af[mt], &sa[cur][wm * 16 * MT + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                unsigned r[4];
+                gg_ldm4(r, &sb[kt & 1][wn * 64 + np * 16 + (lane >> 4) * 8 + (lane & 7)]
+                              [kk * 16 + ((lane >> 3) & 1) * 8]);
+                bf[2 * np][0] = r[0];
+                bf[2 * np][1] = r[1];
+                bf[2 * np + 1][0] = r[2];
+                bf[2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    gg_mma16816(acc[mt][nt], af[mt], bf[nt]);
+        }
+        store_w((kt + 1) & 1);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    /* accumulator fragment: c0,c1 at (token g, rows 2t, 2t+1), c2,c3 at token g+8 */
+    int g = lane >> 2, t4 = lane & 3;
+    int pairs = ((size_t)y & 7) == 0 && (ldy & 1) == 0; /* (c0, c1) as one 8-byte store */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int tok = m0 + wm * 16 * MT + mt * 16 + g + 8 * h;
+                int col = n0 + wn * 64 + nt * 8 + 2 * t4;
+                if (tok >= T)
+                    continue;
+                float *dst = y + (size_t)tok * ldy + col;
+                if (pairs && col + 1 < rows) {
+                    *(float2 *)dst = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                    continue;
+                }
+                if (col < rows)
+                    dst[0] = acc[mt][nt][2 * h];
+                if (col + 1 < rows)
+                    dst[1] = acc[mt][nt][2 * h + 1];
+            }
+#else
+    (void)w, (void)ldw, (void)n, (void)rows, (void)xh, (void)T, (void)y, (void)ldy, (void)ysplit;
+#endif
+}
+
+/* y (T, rows) = the sum of the split-K partials part (splits, T, rows), in
+ * split order (deterministic). */
+__global__ void gg_sum_splits(const float *part, int splits, int T, int rows, float *y, size_t ldy)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, count = (size_t)T * rows;
+    if (i >= count)
+        return;
+    float s = part[i];
+    for (int z = 1; z < splits; z++)
+        s += part[z * count + i];
+    y[i / rows * ldy + i % rows] = s;
+}
+
+/* Split-K partials: at most 8 splits, and at most GG_PART_CAP bytes (a grid
+ * small enough to split has T * rows <= SMs * BM * 128, far below it on
+ * current cards). */
+#define GG_MAX_SPLIT 8
+#define GG_PART_CAP ((size_t)32 << 20)
+static size_t gg_part_bytes(int rows, int T)
+{
+    size_t b = (size_t)GG_MAX_SPLIT * T * rows * sizeof(float);
+    return b < GG_PART_CAP ? b : GG_PART_CAP;
+}
+
+/* The activations' f16 copy comes first in the scratch, 256-byte aligned. */
+static size_t gg_xh_bytes(int n, int T)
+{
+    return ((size_t)T * n * 2 + 255) & ~(size_t)255;
+}
+
+/* 1 when the device cannot give the block its shared memory (the caller
+ * takes the tiled kernel), else 0 / -1 as gpu_gemm. The grid is split along
+ * k when it has fewer blocks than the device has SMs. */
+template <int TYPE, int WM, int MT>
+static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
+                     size_t ldy, void *scratch, gpuStream_t st, char *err, size_t errlen)
+{
+    constexpr int BM = 16 * MT * WM;
+    constexpr size_t smem = gg_smem_bytes(TYPE, BM);
+    auto kern = gg_mma<TYPE, WM, MT>;
+    int dev = 0, optin = 0, sms = 0;
+    GPU_TRY(cudaGetDevice(&dev), err, errlen);
+    GPU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err, errlen);
+    GPU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err, errlen);
+    if ((size_t)optin < smem)
+        return 1;
+    /* the opt-in above 48 KiB, per call: it is per device, and not a stream
+     * operation (allowed while a graph is captured) */
+    GPU_TRY(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err, errlen);
+    dim3 grid((rows + GG_BN - 1) / GG_BN, (T + BM - 1) / BM, 1);
+    int blocks = (int)(grid.x * grid.y), ns = n / gg_sup(TYPE), splits = 1;
+    if (blocks < sms) {
+        splits = (sms + blocks - 1) / blocks;
+        splits = min(min(splits, GG_MAX_SPLIT), ns);
+    }
+    const char *fs = getenv("STRATA_GEMM_SPLIT");
+    if (fs)
+        splits = max(1, min(min(atoi(fs), GG_MAX_SPLIT), ns));
+    splits = min(splits, (int)(gg_part_bytes(rows, T) / ((size_t)T * rows * sizeof(float))));
+    if (splits < 2) {
+        kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, y, ldy, 0);
+        GPU_TRY(gpuGetLastError(), err, errlen);
+        return 0;
+    }
+    float *part = (float *)((char *)scratch + gg_xh_bytes(n, T)); /* (splits, T, rows) */
+    grid.z = splits;
+    kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, part, rows, (size_t)T * rows);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    size_t count = (size_t)T * rows;
+    gg_sum_splits<<<(unsigned)((count + 255) / 256), 256, 0, st>>>(part, splits, T, rows, y, ldy);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
+}
+
+/* Shared memory of one block: A and W k-tiles (two stages each, f16) and
+ * the raw weight bytes of two supersteps. */
+static __host__ __device__ constexpr size_t gg_smem_bytes_old(int type, int bm)
+{
+    return (size_t)2 * (bm + GG_BN) * GG_LD * 2 + (size_t)2 * GG_BN * gg_rs(type) * 4;
+}
+
+/* Block tile (16*MT*WM tokens) x 128 weight rows, WM x 2 warps, a warp
+ * owning (16*MT) x 64 outputs; k in tiles of 32. Three streams overlap:
+ * the raw weight bytes of the superstep after next arrive by cp.async, a
+ * slice per k-tile; the activation tile k+1 arrives by cp.async; and each
+ * thread decodes its weights of tile k+1 from the raw bytes into registers
+ * before the mma of tile k and stores them as f16 after it. The mma's A is
+ * x (row-major tokens x k), B is W (each weight row k-contiguous = B's "col"
+ * layout), so both tiles are read with plain ldmatrix. Requires n a multiple
+ * of gg_sup(TYPE), w and ldw 4-byte aligned (the host checks). */
+template <int TYPE, int WM, int MT>
+__global__ void __launch_bounds__(64 * WM) gg_mma_old(const uint8_t *w, size_t ldw, int n, int rows,
+                                                  const __half *xh, int T, float *y, size_t ldy)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int NTH = 64 * WM, BM = 16 * MT * WM, NT = 8;
+    constexpr int NSUB = gg_sup(TYPE) / GG_BK, RB = gg_rb(TYPE), UPR = gg_upr(TYPE), RS = gg_rs(TYPE);
+    constexpr int CPT = 2 * GG_BN / NTH;                   /* 16-element chunks per thread per k-tile */
+    constexpr int SLICE = (GG_BN * UPR + NSUB - 1) / NSUB; /* raw words issued per k-tile */
+    extern __shared__ __align__(16) unsigned char gg_smo[];
+    __half(*sa)[BM][GG_LD] = (__half(*)[BM][GG_LD])gg_smo;                            /* (2, BM, k) */
+    __half(*sb)[GG_BN][GG_LD] = (__half(*)[GG_BN][GG_LD])(gg_smo + 2 * BM * GG_LD * 2); /* (2, BN, k) */
+    unsigned *raw = (unsigned *)(gg_smo + 2 * (BM + GG_BN) * GG_LD * 2);                 /* (2, BN, RS) */
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = warp >> 1, wn = warp & 1;
+    int m0 = blockIdx.y * BM, n0 = blockIdx.x * GG_BN;
+    int nk = n / GG_BK, ns = n / gg_sup(TYPE);
+    float acc[MT][NT][4] = {};
+    unsigned wreg[CPT * 8];
+    /* this thread's weight row: chunks ci = tid*CPT + c all lie in row
+     * (tid*CPT) >> 1; rows start 4-byte aligned (the host checks), so a
+     * superstep's bytes sit at shift (S * RB) & 3 in the shared row */
+    constexpr int RA = RB % 4 == 0 ? 4 : 2;
+    int wr = (tid * CPT) >> 1;
+
+    /* row r of the block: its superstep-S bytes start at seg (clamped rows
+     * are read but never stored) */
+    auto seg_of = [&](int r, int S) {
+        return w + (size_t)min(n0 + r, rows - 1) * ldw + (size_t)S * RB;
+    };
+    auto issue_raw = [&](int S, int sl) {
+        unsigned *dst = raw + (S & 1) * GG_BN * RS;
+        int e1 = min((sl + 1) * SLICE, GG_BN * UPR);
+        for (int e = sl * SLICE + tid; e < e1; e += NTH) {
+            int r = e / UPR, u = e % UPR;
+            const uint8_t *seg = seg_of(r, S);
+            const uint8_t *src = (const uint8_t *)((size_t)seg & ~(size_t)3) + 4 * u;
+            int left = (int)(seg + RB - src);
+            if (left > 0)
+                gg_cp4(dst + r * RS + u, src, min(left, 4));
+        }
+    };
+    /* the slice of iteration it: supersteps arrive over the NSUB iterations
+     * that end two before their first tile is decoded */
+    auto issue_raw_iter = [&](int it) {
+        int f = it + NSUB + 1, S = f / NSUB;
+        if (S < ns)
+            issue_raw(S, f % NSUB);
+    };
+    auto load_a = [&](int kt, int st) {
+        for (int c = tid; c < BM * 4; c += NTH) {
+            int r = c >> 2, cc = c & 3;
+            gg_cp16(&sa[st][r][8 * cc], xh + (size_t)min(m0 + r, T - 1) * n + kt * GG_BK + 8 * cc);
+        }
+    };
+    auto dequant_w = [&](int kt) {
+        int S = kt / NSUB, sub = kt % NSUB;
+        const uint8_t *rowp = (const uint8_t *)(raw + (S & 1) * GG_BN * RS + wr * RS) + ((S * RB) & 3);
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int ci = tid * CPT + c;
+            float f[16];
+            gq_dequant16_al<RA>(TYPE, rowp, 2 * sub + (ci & 1), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+                wreg[8 * c + j] = *(unsigned *)&h;
+            }
+        }
+    };
+    auto store_w = [&](int st) {
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int ci = tid * CPT + c;
+            uint4 *d = (uint4 *)&sb[st][ci >> 1][16 * (ci & 1)];
+            d[0] = make_uint4(wreg[8 * c], wreg[8 * c + 1], wreg[8 * c + 2], wreg[8 * c + 3]);
+            d[1] = make_uint4(wreg[8 * c + 4], wreg[8 * c + 5], wreg[8 * c + 6], wreg[8 * c + 7]);
+        }
+    };
+
+    for (int sl = 0; sl < NSUB; sl++)
+        issue_raw(0, sl);
+    issue_raw_iter(-1);
+    load_a(0, 0);
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    dequant_w(0);
+    store_w(0);
+    __syncthreads();
+    /* The last iteration repeats tile nk-1's loads and decode into the idle
+     * stage: no branch, so that the decode and the mma of an iteration form
+     * one block of code that the scheduler interleaves. */
+    for (int kt = 0; kt < nk; kt++) {
+        int cur = kt & 1, next = min(kt + 1, nk - 1);
+        load_a(next, cur ^ 1);
+        issue_raw_iter(kt);
+        asm volatile("cp.async.commit_group;\n" ::);
+        dequant_w(next);
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++) {
+            unsigned af[MT][4], bf[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                gg_ldm4(af[mt], &sa[cur][wm * 16 * MT + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                unsigned r[4];
+                gg_ldm4(r, &sb[cur][wn * 64 + np * 16 + (lane >> 4) * 8 + (lane & 7)]
+                              [kk * 16 + ((lane >> 3) & 1) * 8]);
+                bf[2 * np][0] = r[0];
+                bf[2 * np][1] = r[1];
+                bf[2 * np + 1][0] = r[2];
+                bf[2 * np + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    gg_mma16816(acc[mt][nt], af[mt], bf[nt]);
+        }
+        store_w(cur ^ 1);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncthreads();
+    }
+    /* accumulator fragment: c0,c1 at (token g, rows 2t, 2t+1), c2,c3 at token g+8 */
+    int g = lane >> 2, t4 = lane & 3;
+    int pairs = ((size_t)y & 7) == 0 && (ldy & 1) == 0; /* (c0, c1) as one 8-byte store */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int tok = m0 + wm * 16 * MT + mt * 16 + g + 8 * h;
+                int col = n0 + wn * 64 + nt * 8 + 2 * t4;
+                if (tok >= T)
+                    continue;
+                float *dst = y + (size_t)tok * ldy + col;
+                if (pairs && col + 1 < rows) {
+                    *(float2 *)dst = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                    continue;
+                }
+                if (col < rows)
+                    dst[0] = acc[mt][nt][2 * h];
+                if (col + 1 < rows)
+                    dst[1] = acc[mt][nt][2 * h + 1];
+            }
+#else
+    (void)w, (void)ldw, (void)n, (void)rows, (void)xh, (void)T, (void)y, (void)ldy;
+#endif
+}
+
+template <int TYPE, int WM, int MT>
+static int gg_launch_old(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
+                     size_t ldy, gpuStream_t st, char *err, size_t errlen)
+{
+    constexpr int BM = 16 * MT * WM;
+    constexpr size_t smem = gg_smem_bytes_old(TYPE, BM);
+    auto kern = gg_mma_old<TYPE, WM, MT>;
+    /* the opt-in above 48 KiB, per call: it is per device, and not a stream
+     * operation (allowed while a graph is captured) */
+    GPU_TRY(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err, errlen);
+    dim3 grid((rows + GG_BN - 1) / GG_BN, (T + BM - 1) / BM);
+    kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, y, ldy);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
+}
+#endif /* GPU_CUDA */
+
+/* ==== dispatch ==== */
+
+#ifdef GPU_CUDA
+/* Whether this call takes the tensor-core kernel: a device of compute
+ * capability 8.0 or newer, and no STRATA_GEMM_PORTABLE=1. */
+static int gg_use_mma(void)
+{
+    const char *env = getenv("STRATA_GEMM_PORTABLE");
+    if (env && env[0] == '1')
+        return 0;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return 0;
+    return major >= 8;
+}
+#endif
+
+template <int TYPE>
+static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+                  size_t ldy, void *scratch, gpuStream_t st, char *err, size_t errlen)
+{
+#ifdef GPU_CUDA
+    const struct quant_type *qt = quant_type(TYPE);
+    if (qt->blck != gg_blck(TYPE) || (int)qt->size != gg_bsize(TYPE))
+        return strata_errf(err, errlen, "gpu_gemm: %s's layout differs from quant.c's", qt->name);
+    if (gg_use_mma() && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0 &&
+        ((uintptr_t)x & 7) == 0) {
+        __half *xh = (__half *)scratch;
+        size_t pairs = (size_t)T * n / 2; /* n is even here */
+        gg_to_half<<<(unsigned)((pairs + 255) / 256), 256, 0, st>>>((const float2 *)x, pairs, (__half2 *)xh);
+        GPU_TRY(gpuGetLastError(), err, errlen);
+        const char *bm = getenv("STRATA_GEMM_BM");
+        int big = bm ? atoi(bm) == 256 : T > 1024, rc;
+        if (getenv("STRATA_GEMM_OLD")) {
+            if (T <= 32)
+                return gg_launch_old<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
+            if (T <= 64)
+                return gg_launch_old<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
+            if (!big)
+                return gg_launch_old<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
+            return gg_launch_old<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
+        }
+        if (T <= 32)
+            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+        else if (T <= 64)
+            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+        else if (!big)
+            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+        else
+            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+        if (rc <= 0)
+            return rc;
+    }
+#endif
+    (void)scratch;
+    dim3 grid((rows + GG_TN - 1) / GG_TN, (T + GG_TM - 1) / GG_TM);
+    gg_tiled<TYPE><<<grid, GG_THREADS, 0, st>>>(w, ldw, n, rows, x, T, y, ldy);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
+}
+
+/* x in f16, then the split-K partials (gg_launch); both grow with T and
+ * rows, so the bytes of the largest shape cover every smaller call. */
+size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T)
+{
+    (void)type;
+#ifdef GPU_CUDA
+    return gg_xh_bytes(n, T) + gg_part_bytes(rows, T);
+#else
+    (void)n, (void)rows, (void)T;
+    return 0;
+#endif
+}
+
+int gpu_gemm_supports(int type)
+{
+    return gq_supported(type);
+}
+
+/* The type switch: F(TYPE) for each type gq_supported lists. */
+#define GG_TYPES(F)                                                                               \
+    F(QT_F32) F(QT_F16) F(QT_BF16) F(QT_Q4_0) F(QT_Q4_1) F(QT_Q5_0) F(QT_Q5_1) F(QT_Q8_0) F(QT_Q8_1) \
+    F(QT_Q2_K) F(QT_Q3_K) F(QT_Q4_K) F(QT_Q5_K) F(QT_Q6_K) F(QT_Q8_K) F(QT_IQ4_NL) F(QT_IQ4_XS)
+
+int gpu_dequant(int type, const void *w, size_t ldw, int n, int rows, float *y, size_t ldy,
+                void *stream, char *err, size_t errlen)
+{
+    const struct quant_type *qt = quant_type(type);
+    if (!qt || !gq_supported(type))
+        return strata_errf(err, errlen, "gpu_dequant: block type %d is not supported", type);
+    if (n <= 0 || n % qt->blck || ldy < (size_t)n)
+        return strata_errf(err, errlen, "gpu_dequant: bad shape n = %d for %s", n, qt->name);
+    if (rows <= 0)
+        return 0;
+    size_t threads = (size_t)rows * ((n + 15) / 16);
+    unsigned blocks = (unsigned)((threads + 255) / 256);
+    gpuStream_t st = (gpuStream_t)stream;
+    const uint8_t *wb = (const uint8_t *)w;
+    switch (type) {
+#define GG_CASE(t)                                                    \
+    case t:                                                           \
+        gg_dequant<t><<<blocks, 256, 0, st>>>(wb, ldw, n, rows, y, ldy); \
+        break;
+        GG_TYPES(GG_CASE)
+#undef GG_CASE
+    }
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
+}
+
+int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+             size_t ldy, void *scratch, void *stream, char *err, size_t errlen)
+{
+    const uint8_t *wb = (const uint8_t *)w;
+    gpuStream_t st = (gpuStream_t)stream;
+    if (T <= 0 || rows <= 0)
+        return 0;
+    const struct quant_type *qt = quant_type(type);
+    if (!qt || !gq_supported(type))
+        return strata_errf(err, errlen, "gpu_gemm: block type %d is not supported", type);
+    if (n <= 0 || n % qt->blck)
+        return strata_errf(err, errlen, "gpu_gemm: n = %d is not a multiple of %s's block", n, qt->name);
+    if (ldy < (size_t)rows)
+        return strata_errf(err, errlen, "gpu_gemm: ldy %zu < rows %d", ldy, rows);
+    if (((uintptr_t)scratch & 15) != 0)
+        return strata_errf(err, errlen, "gpu_gemm: scratch must be 16-byte aligned");
+    switch (type) {
+#define GG_CASE(t)                                                                      \
+    case t:                                                                             \
+        return gg_run<t>(wb, ldw, n, rows, x, T, y, ldy, scratch, st, err, errlen);
+        GG_TYPES(GG_CASE)
+#undef GG_CASE
+    default:
+        return strata_errf(err, errlen, "gpu_gemm: block type %d is not supported", type);
+    }
+}
+
+/* ==== test and benchmark support ==== */
+
+int gpu_gemm_test_fill(void *dev, int byte, size_t bytes)
+{
+    return gpuMemset(dev, byte, bytes) == gpuSuccess && gpuDeviceSynchronize() == gpuSuccess ? 0 : -1;
+}
+
+static int gg_cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+double gpu_gemm_test_ms(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T,
+                        float *y, size_t ldy, void *scratch, int reps, char *err, size_t errlen)
+{
+    float ms[64];
+    gpuEvent_t a, b;
+    if (reps < 1 || reps > 64)
+        return strata_errf(err, errlen, "gpu_gemm_test_ms: reps %d out of 1..64", reps);
+    GPU_TRY(gpuEventCreate(&a), err, errlen);
+    GPU_TRY(gpuEventCreate(&b), err, errlen);
+    int rc = gpu_gemm(type, w, ldw, n, rows, x, T, y, ldy, scratch, NULL, err, errlen); /* warm-up */
+    for (int i = 0; i < reps && rc == 0; i++) {
+        if (gpuEventRecord(a, 0) != gpuSuccess)
+            rc = strata_errf(err, errlen, "gpu_gemm_test_ms: event record failed");
+        else if (gpu_gemm(type, w, ldw, n, rows, x, T, y, ldy, scratch, NULL, err, errlen))
+            rc = -1;
+        else if (gpuEventRecord(b, 0) != gpuSuccess || gpuEventSynchronize(b) != gpuSuccess ||
+                 gpuEventElapsedTime(&ms[i], a, b) != gpuSuccess)
+            rc = strata_errf(err, errlen, "gpu_gemm_test_ms: event timing failed");
+    }
+    (void)gpuEventDestroy(a);
+    (void)gpuEventDestroy(b);
+    if (rc)
+        return -1;
+    qsort(ms, (size_t)reps, sizeof ms[0], gg_cmp_float);
+    return ms[reps / 2];
 }

@@ -9,6 +9,9 @@
  * Content-Length. No model code here: generation goes through sched.c. Only
  * http_serve_main's start-up and shutdown print (to stderr); every other
  * function returns its errors. V is the vocabulary.
+ *
+ * Test hook: STRATA_TEST_LOAD_DELAY_MS=N (at most 60000) makes the model load
+ * wait N ms first, so that tests can see /health answer 503 while loading.
  */
 #include "strata.h"
 
@@ -326,7 +329,7 @@ static int ob_close(struct obuf *o)
 
 struct serve_opts {
     const char *model, *host, *api_key;
-    int n_ctx, kv, parallel, port, threads, max_conns, timeout_s;
+    int n_ctx, kv, kv_mem, parallel, port, threads, max_conns, timeout_s;
     size_t max_body;
     struct sample_params sp;   /* what a request without those fields gets */
     int have_seed;
@@ -420,8 +423,10 @@ static void put_metrics(struct server *s, FILE *f)
     put_metric(f, "strata_requests_processing", "gauge", "Requests holding a slot.", processing);
     put_metric(f, "strata_requests_queued", "gauge", "Requests waiting for a slot.", queued);
     put_metric(f, "strata_kv_cells_used", "gauge", "KV cells held by running requests.", (double)st.kv_used);
-    put_metric(f, "strata_kv_cells_cached", "gauge", "KV cells of idle slots kept for prefix reuse.", (double)st.kv_cached);
-    put_metric(f, "strata_kv_cells_total", "gauge", "KV cells of all slots.", (double)st.kv_total);
+    put_metric(f, "strata_kv_cells_cached", "gauge", "KV cells of finished requests kept for prefix reuse.", (double)st.kv_cached);
+    put_metric(f, "strata_kv_cells_total", "gauge", "KV cells of the pool.", (double)st.kv_total);
+    put_metric(f, "strata_decode_steps_total", "counter", "Batched decode passes (one token for each decoding request).", (double)st.decode_batches);
+    put_metric(f, "strata_batch_rows_total", "counter", "Tokens evaluated by the batched decode passes.", (double)st.decode_rows);
     /* the reference server's names (ARCH.md §5) */
     put_metric(f, "llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", (double)st.prompt_tokens);
     put_metric(f, "llamacpp:prompt_seconds_total", "counter", "Prompt process time.", st.prompt_s);
@@ -2036,7 +2041,9 @@ static const char serve_usage[] =
     "usage: strata serve -m MODEL [options]\n"
     "  -m, --model F       GGUF model file\n"
     "  -c, --ctx N         context cells per slot (default: the model's, at most 4096)\n"
-    "  --kv f16|f32        KV cache cells (default f16)\n"
+    "  --kv F              KV cache cells: f16 (default), f32, int8, q4, k8v4\n"
+    "  --kv-mem MIB        one KV pool of this many MiB shared by the slots\n"
+    "                      (default: --parallel sequences of -c cells)\n"
     "  --parallel N        slots: requests generated at once (default 4)\n"
     "  --host H            address to listen on (default 127.0.0.1)\n"
     "  --port P            port (default 8080; 0: any free port, printed at start-up)\n"
@@ -2092,7 +2099,7 @@ static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
     o->max_conns = HTTP_DEFAULT_MAX_CONNS;
     o->timeout_s = HTTP_DEFAULT_TIMEOUT_S;
     o->max_body = HTTP_DEFAULT_MAX_BODY;
-    o->kv = KV_F16;
+    o->kv = KV_CELL_F16;
     o->max_tokens = -1;
     o->sp = (struct sample_params){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                                     .repeat_penalty = 1.0f, .repeat_last_n = 64 };
@@ -2111,13 +2118,11 @@ static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx"))
             rc = opt_int(a, v, 1, 1 << 24, &o->n_ctx);
         else if (!strcmp(a, "--kv")) {
-            if (!strcmp(v, "f16"))
-                o->kv = KV_F16;
-            else if (!strcmp(v, "f32"))
-                o->kv = KV_F32;
-            else
-                rc = opt_fail("--kv: '%s' is not f16 or f32", v);
-        } else if (!strcmp(a, "--parallel") || !strcmp(a, "-np"))
+            if ((o->kv = kv_cell_parse(v)) < 0)
+                rc = opt_fail("--kv: '%s' is not f16, f32, int8, q4 or k8v4", v);
+        } else if (!strcmp(a, "--kv-mem"))
+            rc = opt_int(a, v, 1, 1 << 24, &o->kv_mem);
+        else if (!strcmp(a, "--parallel") || !strcmp(a, "-np"))
             rc = opt_int(a, v, 1, 256, &o->parallel);
         else if (!strcmp(a, "--host"))
             o->host = v;
@@ -2225,6 +2230,14 @@ static int listen_on(struct server *s)
 static int load(struct server *s)
 {
     char err[512];
+    /* test hook (see the header): a slow load, so /health's 503 can be seen */
+    const char *delay = getenv("STRATA_TEST_LOAD_DELAY_MS");
+    long ms = delay ? strtol(delay, NULL, 10) : 0;
+    if (ms > 0 && ms <= 60000) {
+        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !stopping())
+            ;
+    }
     if (model_load(&s->model, s->o.model, err, sizeof err) != 0)
         return opt_fail("cannot load %s: %s", s->o.model, err);
     s->tok = model_tok(s->model);
@@ -2242,8 +2255,11 @@ static int load(struct server *s)
     if (!s->tmpl.known)
         fprintf(stderr, "strata serve: warning: %s chat template; chat prompts use ChatML\n",
                 have ? "unrecognised" : "the model has no");
-    if (sched_new(&s->sched, s->model, s->o.parallel, s->n_ctx, s->o.kv, s->o.threads, err, sizeof err) != 0)
+    struct sched_opts so = { .n_slots = s->o.parallel, .n_ctx = s->n_ctx, .kv_cell = s->o.kv,
+                             .kv_mem_mib = s->o.kv_mem, .n_threads = s->o.threads };
+    if (sched_new(&s->sched, s->model, &so, err, sizeof err) != 0)
         return opt_fail("%s", err);
+    s->n_ctx = sched_n_ctx(s->sched);
     fprintf(stderr, "strata serve: %s, %d slots of %d cells, %d threads, chat template %s%s\n", s->model_name,
             s->o.parallel, s->n_ctx, s->o.threads, chat_family_name(s->tmpl.family),
             s->tmpl.thinking_switch ? " (thinking switch)" : "");

@@ -1,20 +1,31 @@
 /*
- * model.c — architectures (hyper-parameters, tensor binding) and the CPU
- * forward pass: llama, qwen2, qwen3 and qwen3moe as ARCH.md §3.0-3.4 state
- * them, with the reference engine's numerics (ARCH.md §0). At the end, the
- * small public wrapper strata_* bundles model, tokenizer and sampler.
+ * model.c — architectures (hyper-parameters, tensor binding), contexts and
+ * the forward pass: llama, qwen2, qwen3 and qwen3moe as ARCH.md §3.0-3.4
+ * state them, with the reference engine's numerics (ARCH.md §0). At the end,
+ * the small public wrapper strata_* bundles model, tokenizer and sampler.
  *
  * Weights stay in the GGUF mapping and are read through quant.c; 1-D tensors
  * (norms, biases) that are not F32 are converted once at load. A context
- * allocates everything it needs in model_ctx_new: evaluation never allocates.
- * Matrix products are split over the pool by weight rows, so decode streams
- * each matrix once at memory bandwidth; with a prompt, each input is
- * quantised and packed for quant_gemm_packed once and read by every matrix
- * that takes it (Q, K, V; gate, up). Attention lives behind attn_forward,
- * over a contiguous per-layer KV cache (F16 or F32 cells).
+ * owns a kv.c pool of sequences and, on the CPU, allocates everything it
+ * needs in model_ctx_new: evaluation never allocates. Matrix products are
+ * split over the pool by weight rows, so decode streams each matrix once at
+ * memory bandwidth; with a prompt, each input is quantised and packed for
+ * quant_gemm_packed once and read by every matrix that takes it (Q, K, V;
+ * gate, up). Each layer writes its K/V rows into the pages (kv_store) and
+ * attends through attn.c: the online-softmax prompt kernel for a chunk, the
+ * split-KV decode kernel for a few queries. On the GPU (gpu.cu) this file
+ * keeps the sequences' bookkeeping and hands each chunk to gpu_eval.
  *
- * Shapes: T tokens of a chunk, D model width, H query heads, K kv heads,
- * E head dim, F feed-forward width, X experts, U experts used, V vocab, C cells.
+ * The chunked prompt path (issue 4 calls it prefill.c) stays here: a prompt
+ * chunk, one decode step and a decode batch are one forward over rows
+ * (forward, struct pass) sharing the layer code, the matrix scheduling and
+ * the scratch buffers; a separate file would need all of them exported
+ * through an internal header.
+ *
+ * Must not: know cell formats or page layouts (kv.c), do attention
+ * arithmetic (attn.c), print. Shapes: T rows of a pass, D model width,
+ * H query heads, K kv heads, E head dim, F feed-forward width, X experts,
+ * U experts used, V vocab, C cells.
  */
 #include "strata.h"
 
@@ -29,10 +40,9 @@
 #include <immintrin.h>
 #endif
 
-#define MODEL_CHUNK 512   /* tokens per forward chunk: bounds the scratch buffers */
 #define MM_ROWS 16        /* weight rows per work unit (prompts; decode takes more) */
 #define MM_MIN_ELEMS 8192 /* element count below which a row loop stays on the caller */
-#define ATTN_QB 8         /* query rows per attention task in a batch */
+#define MODEL_WINDOW 16   /* queries up to which attention takes attn_decode (split KV) */
 
 /* ==== the model: weights bound to tensors of the mapping ==== */
 
@@ -52,6 +62,7 @@ struct model {
     size_t max_act_row;           /* bytes of the widest activation row in any dot type */
     size_t max_pack16;            /* bytes of the largest packed input of 16 tokens */
     size_t max_gemm_scratch;      /* bytes of the largest quant_gemm_packed scratch */
+    struct gpu_model *gpu;        /* the weights on the device, made by the first GPU context */
 };
 
 /* ==== loading ==== */
@@ -448,6 +459,8 @@ void model_free(struct model *m)
         return;
     if (m->tok)
         tok_free(m->tok);
+    if (m->gpu)
+        gpu_model_free(m->gpu);
     free(m->layers);
     free(m->vecs);
     gguf_close(&m->g);
@@ -526,12 +539,19 @@ struct model_ctx {
     struct model *m;
     struct pool *pool;
     int n_threads;
-    int n_ctx, kv_type, f32ref;
-    int n_past;                   /* cells holding valid K/V */
-    int t_max;                    /* tokens per chunk */
-    size_t kv_elt;                /* bytes per cache element */
+    int f32ref;
+    int n_split;                  /* decode attention partitions (0: attn_split's choice) */
+    int device;                   /* MODEL_DEV_CPU or MODEL_DEV_GPU */
+    int t_max;                    /* tokens per chunk (rows of every buffer) */
+    int reused;                   /* cells the last model_eval shared from the prefix cache */
+    atomic_int fail;              /* a kv_store of this pass failed */
+    struct kv *kv;                /* the sequences' cells */
+    struct attn *attn;            /* CPU attention scratch */
+    struct gpu_ctx *gpu;          /* the device's buffers (MODEL_DEV_GPU) */
+    char kv_err[160];             /* the failed kv_store's message */
     void *arena;                  /* the one allocation every buffer below lives in */
-    uint8_t *k_cache, *v_cache;   /* (n_layer, K, C, E) */
+    int *rpos;                    /* (T) position of each row */
+    int *rseq;                    /* (T) sequence of each row */
     float *x;                     /* (T, D) residual stream */
     float *xn;                    /* (T, D) normed input / block output */
     float *q;                     /* (T, H*E) */
@@ -585,9 +605,8 @@ static void ctx_layout(struct model_ctx *c, struct arena *a)
     size_t X = hp->n_expert > 0 ? (size_t)hp->n_expert : 1;
     size_t F = (size_t)(hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp);
     size_t gu = T * F > T * U * (size_t)hp->n_ff_exp ? T * F : T * U * (size_t)hp->n_ff_exp;
-    size_t cells = (size_t)hp->n_layer * (size_t)c->n_ctx * KE;
-    c->k_cache = carve(a, cells * c->kv_elt);
-    c->v_cache = carve(a, cells * c->kv_elt);
+    c->rpos = carve(a, T * sizeof(int));
+    c->rseq = carve(a, T * sizeof(int));
     c->x = carve(a, T * D * 4);
     c->xn = carve(a, T * D * 4);
     c->q = carve(a, T * HE * 4);
@@ -616,25 +635,39 @@ static void ctx_layout(struct model_ctx *c, struct arena *a)
     c->cursors = carve(a, (size_t)c->n_threads * sizeof(struct mm_cursor));
 }
 
-int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_type,
-                  struct pool *pool, char *err, size_t errlen)
+struct model_opts model_opts_default(void)
 {
-    *out = NULL;
+    struct model_opts o = {0};
+    o.kv_cell = KV_CELL_F16;
+    o.n_seq = 1;
+    o.prefill_chunk = MODEL_CHUNK;
+    o.device = MODEL_DEV_AUTO;
+    return o;
+}
+
+/* The device a context runs on, and on the GPU the model's weights there
+ * (uploaded by the first GPU context, shared by the later ones). */
+static int ctx_device(struct model_ctx *c, const struct model_opts *o, char *err, size_t errlen)
+{
+    if (o->device != MODEL_DEV_AUTO && o->device != MODEL_DEV_CPU && o->device != MODEL_DEV_GPU)
+        return strata_errf(err, errlen, "unknown device %d", o->device);
+    c->device = o->device;
+    if (c->device == MODEL_DEV_AUTO)
+        c->device = !o->f32ref && gpu_devices(NULL, 0) > 0 ? MODEL_DEV_GPU : MODEL_DEV_CPU;
+    if (c->device == MODEL_DEV_CPU)
+        return 0;
+    if (o->f32ref)
+        return strata_errf(err, errlen, "the float-reference mode runs on the CPU only (use the CPU device)");
+    if (!c->m->gpu && gpu_model_new(&c->m->gpu, c->m, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+/* The CPU buffers: sized from the model's widest rows, one allocation. */
+static int ctx_buffers(struct model_ctx *c, char *err, size_t errlen)
+{
+    const struct model *m = c->m;
     const struct model_hp *hp = &m->hp;
-    if (n_ctx <= 0 || n_ctx > (1 << 24))
-        return strata_errf(err, errlen, "context size %d out of range", n_ctx);
-    if (kv_type != KV_F16 && kv_type != KV_F32)
-        return strata_errf(err, errlen, "unknown KV cache type %d", kv_type);
-    struct model_ctx *c = calloc(1, sizeof *c);
-    if (!c)
-        return strata_errf(err, errlen, "out of memory");
-    c->m = m;
-    c->pool = pool;
-    c->n_threads = pool_size(pool);
-    c->n_ctx = n_ctx;
-    c->kv_type = kv_type;
-    c->kv_elt = kv_type == KV_F16 ? 2 : 4;
-    c->t_max = n_ctx < MODEL_CHUNK ? n_ctx : MODEL_CHUNK;
     size_t width = (size_t)hp->n_embd;
     size_t HE = (size_t)hp->n_head * (size_t)hp->head_dim;
     if (HE > width) width = HE;
@@ -642,48 +675,80 @@ int model_ctx_new(struct model_ctx **out, struct model *m, int n_ctx, int kv_typ
     if ((size_t)hp->n_ff_exp > width) width = (size_t)hp->n_ff_exp;
     /* F32 rows serve the float-reference mode and F32-weight matrices */
     c->act_row = m->max_act_row > width * 4 ? m->max_act_row : width * 4;
-    /* per thread, for R = ATTN_QB x G (row, head) pairs: a double tail
-     * (R, E), scores (R, C), queries (R, E), one K/V row (ES) and the lane
-     * sums of two rows of up to 64 lanes (2, 64, ES), which first hold a block
-     * of K rows (16, E); or a tile of dequantised weight rows (MM_ROWS,
-     * width), or quant_gemm_packed's scratch */
-    size_t R = (size_t)ATTN_QB * (size_t)(hp->n_head / hp->n_head_kv), E = (size_t)hp->head_dim;
-    size_t ES = (E + 15) & ~(size_t)15;
-    size_t attn = 2 * R * E + R * (size_t)n_ctx + R * E + ES + 2 * 64 * ES;
+    /* per thread: a tile of dequantised weight rows (MM_ROWS, width), or
+     * quant_gemm_packed's scratch */
     size_t tile = (size_t)MM_ROWS * width, gemm = (m->max_gemm_scratch + 3) / 4;
-    if (gemm > tile)
-        tile = gemm;
-    c->tscratch_n = ((attn > tile ? attn : tile) + 15) & ~(size_t)15;
+    c->tscratch_n = ((tile > gemm ? tile : gemm) + 15) & ~(size_t)15;
     c->pack_bytes = (size_t)(c->t_max + 15) / 16 * m->max_pack16;
     struct arena a = {NULL, 0};
     ctx_layout(c, &a);
     a.base = calloc(1, a.used);
-    if (!a.base) {
-        free(c);
-        return strata_errf(err, errlen, "out of memory for a context of %d cells (%zu MiB)",
-                          n_ctx, a.used >> 20);
-    }
+    if (!a.base)
+        return strata_errf(err, errlen, "out of memory for buffers of %d-token chunks (%zu MiB)", c->t_max,
+                           a.used >> 20);
     a.used = 0;
     ctx_layout(c, &a);
     c->arena = a.base;
     c->slot_type[0] = c->slot_type[1] = -1;
+    return attn_new(&c->attn, hp->n_head, hp->n_head_kv, hp->head_dim, MODEL_WINDOW, c->n_threads, err,
+                    errlen);
+}
+
+int model_ctx_new(struct model_ctx **out, struct model *m, const struct model_opts *o,
+                  struct pool *pool, char *err, size_t errlen)
+{
+    *out = NULL;
+    const struct model_hp *hp = &m->hp;
+    if (o->n_ctx > (1 << 24) || (o->n_ctx <= 0 && o->kv_mem_mib <= 0))
+        return strata_errf(err, errlen, "context size %d out of range", o->n_ctx);
+    if (o->prefill_chunk < 0 || o->prefill_chunk > (1 << 16))
+        return strata_errf(err, errlen, "prefill chunk of %d tokens out of range", o->prefill_chunk);
+    if (o->attn_split < 0 || o->attn_split > ATTN_MAX_SPLIT)
+        return strata_errf(err, errlen, "attention split %d out of range [0, %d]", o->attn_split,
+                           ATTN_MAX_SPLIT);
+    struct model_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return strata_errf(err, errlen, "out of memory");
+    c->m = m;
+    c->pool = pool;
+    c->n_threads = pool_size(pool);
+    c->f32ref = o->f32ref != 0;
+    c->n_split = o->attn_split;
+    if (ctx_device(c, o, err, errlen) != 0)
+        goto fail;
+    struct kv_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, o->kv_cell, 0,
+                           o->n_seq > 0 ? o->n_seq : 1, o->n_ctx, o->kv_mem_mib, NULL};
+    if (c->device == MODEL_DEV_GPU)
+        kc.mem = gpu_kv_mem(c->m->gpu);
+    if (kv_new(&c->kv, &kc, err, errlen) != 0 || kv_seq_new(c->kv, err, errlen) != 0)
+        goto fail;
+    int n_ctx = kv_cfg(c->kv)->n_ctx, chunk = o->prefill_chunk > 0 ? o->prefill_chunk : MODEL_CHUNK;
+    c->t_max = n_ctx < chunk ? n_ctx : chunk;
+    if (c->device == MODEL_DEV_GPU ? gpu_ctx_new(&c->gpu, m->gpu, c->kv, c->t_max, err, errlen)
+                                   : ctx_buffers(c, err, errlen))
+        goto fail;
     *out = c;
     return 0;
+fail:
+    model_ctx_free(c);
+    return -1;
 }
 
 void model_ctx_free(struct model_ctx *c)
 {
     if (!c)
         return;
+    if (c->gpu)
+        gpu_ctx_free(c->gpu);
+    attn_free(c->attn);
+    kv_free(c->kv);
     free(c->arena);
     free(c);
 }
 
-void model_ctx_set_f32ref(struct model_ctx *c, int on)
-{
-    c->f32ref = on != 0;
-    c->slot_type[0] = c->slot_type[1] = -1;
-}
+int model_ctx_device(const struct model_ctx *c) { return c->device; }
+struct kv *model_kv(struct model_ctx *c) { return c->kv; }
+int model_last_reused(const struct model_ctx *c) { return c->reused; }
 
 /* ==== running work on the pool ==== */
 
@@ -915,15 +980,9 @@ static struct mm_job mm_job(struct model_ctx *c, const struct model_mat *w, int 
     return j;
 }
 
-/* ==== the reference's summation orders and exp ====
- * The test models amplify the last bit of every value that is later rounded
- * to F16 (Q, K, V, probabilities), so the attention sums follow the exact
- * association of the reference's AVX-512 kernels. Two shapes occur: "lane"
- * sums with 16 accumulators (its tiled GEMM, used when a batch has two or
- * more tokens) and "row" dot products with 4x16 accumulators and a double
- * tail (its vector dot product, used for a single token). Each lane is an
- * independent FMA chain, so the SIMD paths and the portable loops below give
- * the same bits. */
+/* ==== the reference's softmax and exp ====
+ * The router's softmax and SiLU follow the reference's vector kernels bit
+ * for bit (the test models amplify the last bit of their inputs). */
 
 /* The horizontal sum of 16 lanes in the order of GCC's _mm512_reduce_add_ps. */
 static inline float red16(const float *a)
@@ -934,80 +993,6 @@ static inline float red16(const float *a)
     for (int i = 0; i < 4; i++)
         u[i] = t[i + 4] + t[i];
     return (u[0] + u[2]) + (u[1] + u[3]);
-}
-
-/* Σ a·b as the tiled GEMM forms it (n a multiple of 16). */
-static inline float dot_lanes(const float *a, const float *b, int n)
-{
-    float acc[16];
-#if defined(__AVX512F__)
-    __m512 v = _mm512_setzero_ps();
-    for (int c = 0; c < n; c += 16)
-        v = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), _mm512_loadu_ps(b + c), v);
-    _mm512_storeu_ps(acc, v);
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-    for (int c = 0; c < n; c += 16) {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
-    }
-    _mm256_storeu_ps(acc, lo);
-    _mm256_storeu_ps(acc + 8, hi);
-#else
-    for (int l = 0; l < 16; l++)
-        acc[l] = 0.0f;
-    for (int c = 0; c < n; c += 16)
-        for (int l = 0; l < 16; l++)
-            acc[l] = fmaf(a[c + l], b[c + l], acc[l]);
-#endif
-    return red16(acc);
-}
-
-/* Σ a·b as the vector dot product forms it: 4x16 lanes over whole blocks of
- * 64, the lanes folded (0+2)+(1+3), then the tail added in double. */
-static inline float dot_rows(const float *a, const float *b, int n)
-{
-    float f[16];
-    int np = n & ~63;
-#if defined(__AVX512F__)
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int i = 0; i < np; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
-    }
-    _mm512_storeu_ps(f, _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-#else
-    float acc[4][16] = {{0}};
-    for (int i = 0; i < np; i += 64)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 16; l++)
-                acc[j][l] = fmaf(a[i + 16 * j + l], b[i + 16 * j + l], acc[j][l]);
-    for (int l = 0; l < 16; l++)
-        f[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-#endif
-    double r = red16(f);
-    for (int i = np; i < n; i++)
-        r += (double)(a[i] * b[i]);
-    return (float)r;
-}
-
-/* y[i] = fma(x[i], a, y[i]): lane-wise, so any vector width gives the same. */
-static inline void fma_row(float *restrict y, const float *restrict x, float a, int n)
-{
-    int i = 0;
-#if defined(__AVX512F__)
-    __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), va, _mm512_loadu_ps(y + i)));
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), va, _mm256_loadu_ps(y + i)));
-#endif
-    for (; i < n; i++)
-        y[i] = fmaf(x[i], a, y[i]);
 }
 
 /* expf as the reference's vector softmax and SiLU compute it: a degree-5
@@ -1167,19 +1152,18 @@ static void norm_rows(struct model_ctx *c, const void *p, int r0, int r1, int it
     rms_norm_rows(a->y + (size_t)r0 * D, a->x + (size_t)r0 * D, a->w, D, c->m->hp.rms_eps, r1 - r0);
 }
 
-/* cos/sin for every rotated pair at every position of the chunk. ggml forms
+/* cos/sin for every rotated pair at every row's position. ggml forms
  * θ step by step in f32 (θ₀ = p, θᵢ₊₁ = θᵢ·powf(base, −2/n_rot)) and divides
  * by the frequency factor before scaling; the same steps give the same bits. */
 static void rope_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
 {
-    (void)ith;
-    const int *pos = p;
+    (void)p, (void)ith;
     const struct model *m = c->m;
     int nr = m->hp.n_rot;
     float theta_scale = powf(m->hp.rope_base, -2.0f / (float)nr);
     for (int t = r0; t < r1; t++) {
         float *cs = c->rope + (size_t)t * nr;
-        float theta = (float)(*pos + t);
+        float theta = (float)c->rpos[t];
         for (int i = 0; i < nr / 2; i++) {
             float th = m->rope_freqs ? theta / m->rope_freqs[i] : theta;
             th = m->freq_scale * th;
@@ -1292,428 +1276,6 @@ static void swiglu_rows(struct model_ctx *c, const void *p, int r0, int r1, int 
         for (; i < n; i++)
             g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
     }
-}
-
-/* ==== attention: contiguous KV cache, causal, GQA ==== */
-
-static inline void f16_to_f32_row(const uint16_t *x, float *y, int n)
-{
-    int i = 0;
-#if defined(__F16C__) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
-#endif
-    for (; i < n; i++)
-        y[i] = quant_f16_to_f32(x[i]);
-}
-
-static inline void f32_to_f16_row(const float *x, uint16_t *y, int n)
-{
-    int i = 0;
-#if defined(__F16C__) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(y + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++)
-        y[i] = quant_f32_to_f16(x[i]);
-}
-
-/* y = x rounded to F16 and back (y may be x). */
-static inline void round_f16_row(const float *x, float *y, int n)
-{
-    int i = 0;
-#if defined(__F16C__) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                                 _MM_FROUND_TO_NEAREST_INT)));
-#endif
-    for (; i < n; i++)
-        y[i] = quant_f16_to_f32(quant_f32_to_f16(x[i]));
-}
-
-/* out[e] (E) from the lane sums acc (n_acc, ES) of which the first nl were
- * written (ES = E rounded up to 16): 16 lanes are summed in red16's order; 64
- * lanes are first folded (l + l+32) + (l+16 + l+48), summed, and the double
- * tail (E, or NULL) added. Sixteen values of e at a time, each step
- * lane-wise, so the loops vectorise. */
-static void fold_lanes(const float *acc, int nl, int n_acc, int E, const double *tail, float *out)
-{
-    static const float zero[16];
-    size_t ES = (size_t)(E + 15) & ~(size_t)15;
-#if defined(__AVX512F__)
-    if (E % 16 == 0) {
-        for (int e0 = 0; e0 < E; e0 += 16) {
-            __m512 f[16], t[8], u[4];
-#define LVEC(l) ((l) < nl ? _mm512_loadu_ps(acc + (size_t)(l) * ES + e0) : _mm512_setzero_ps())
-#pragma GCC unroll 16
-            for (int l = 0; l < 16; l++)
-                f[l] = n_acc == 16 ? LVEC(l)
-                                   : _mm512_add_ps(_mm512_add_ps(LVEC(l), LVEC(32 + l)),
-                                                   _mm512_add_ps(LVEC(16 + l), LVEC(48 + l)));
-#undef LVEC
-#pragma GCC unroll 16
-            for (int i = 0; i < 8; i++)
-                t[i] = _mm512_add_ps(f[i + 8], f[i]);
-#pragma GCC unroll 16
-            for (int i = 0; i < 4; i++)
-                u[i] = _mm512_add_ps(t[i + 4], t[i]);
-            __m512 r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
-            if (tail) {
-                __m256 lo = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(r)),
-                                                          _mm512_loadu_pd(tail + e0)));
-                __m256 hi = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(r, 1)),
-                                                          _mm512_loadu_pd(tail + e0 + 8)));
-                r = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-            }
-            _mm512_storeu_ps(out + e0, r);
-        }
-        return;
-    }
-#endif
-    for (int e0 = 0; e0 < E; e0 += 16) {
-        float f[16][16], t[8][16], u[4][16], r[16];
-#define LROW(l) ((l) < nl ? acc + (size_t)(l) * ES + e0 : zero)
-        for (int l = 0; l < 16; l++) {
-            const float *p0 = LROW(l);
-            if (n_acc == 16) {
-                for (int k = 0; k < 16; k++)
-                    f[l][k] = p0[k];
-            } else {
-                const float *p1 = LROW(32 + l), *p2 = LROW(16 + l), *p3 = LROW(48 + l);
-                for (int k = 0; k < 16; k++)
-                    f[l][k] = (p0[k] + p1[k]) + (p2[k] + p3[k]);
-            }
-        }
-#undef LROW
-        for (int i = 0; i < 8; i++)
-            for (int k = 0; k < 16; k++)
-                t[i][k] = f[i + 8][k] + f[i][k];
-        for (int i = 0; i < 4; i++)
-            for (int k = 0; k < 16; k++)
-                u[i][k] = t[i + 4][k] + t[i][k];
-        for (int k = 0; k < 16; k++)
-            r[k] = (u[0][k] + u[2][k]) + (u[1][k] + u[3][k]);
-        for (int k = 0; k < 16 && e0 + k < E; k++)
-            out[e0 + k] = tail ? (float)((double)r[k] + tail[e0 + k]) : r[k];
-    }
-}
-
-#if defined(__AVX512F__)
-/* Lane i = the sum of the 16 lanes of a[i], each in red16's order: the pairs
- * at distance 8, 4, 2, 1 are added as butterflies across the 16 vectors. */
-static inline __m512 red16x16(const __m512 *a)
-{
-    __m512 t[8], u[4], v[2];
-#pragma GCC unroll 16
-    for (int k = 0; k < 8; k++) /* t[k]: a[2k] then a[2k+1], lanes l + (l+8) */
-        t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 16
-    for (int k = 0; k < 4; k++) /* u[k]: quarter q holds vector 4k+q, its t_i + t_(i+4) */
-        u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 16
-    for (int k = 0; k < 2; k++) /* v[k]: u0+u2, u1+u3 of vectors 8k+q and 8k+4+q */
-        v[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    /* lane 4q + e holds vector 4e + q */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
-}
-#endif
-
-/* s[l] = dot_lanes(row l of k, q) for the 16 rows of k (E floats apart). */
-static void kq16_lanes(const float *k, const float *q, int E, float *s)
-{
-#if defined(__AVX512F__)
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int l = 0; l < 16; l++)
-        acc[l] = _mm512_setzero_ps();
-    for (int c = 0; c < E; c += 16) {
-        __m512 qv = _mm512_loadu_ps(q + c);
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; l++)
-            acc[l] = _mm512_fmadd_ps(_mm512_loadu_ps(k + (size_t)l * E + c), qv, acc[l]);
-    }
-    _mm512_storeu_ps(s, red16x16(acc));
-#else
-    for (int l = 0; l < 16; l++)
-        s[l] = dot_lanes(k + (size_t)l * E, q, E);
-#endif
-}
-
-/* The lane sums of P·V for nr (1 or 2) rows that see the same cells: lane l
- * (< nl) of row k accumulates fma(v_j, p[k][j]) over the cells j = l,
- * l + n_acc, ... below jlim, in that order, into acc (nr, n_acc, ES). V rows
- * are cached rows of E elements (F16 or F32), row_bytes apart; row (E) is
- * scratch for the portable path. */
-static void pv_lane_sums(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *const *p,
-                         int nr, int nl, int n_acc, int jlim, float *acc, size_t ES, float *row)
-{
-#if defined(__AVX512F__)
-    if (E % 16 == 0) {
-        /* up to 128 elements per pass: 2 x 8 accumulators in registers */
-        for (int e0 = 0; e0 < E; e0 += 128) {
-            int nc = (E - e0) / 16 < 8 ? (E - e0) / 16 : 8;
-            for (int l = 0; l < nl; l++) {
-                __m512 a0[8], a1[8];
-                for (int c = 0; c < 8; c++)
-                    a0[c] = a1[c] = _mm512_setzero_ps();
-                for (int j = l; j < jlim; j += n_acc) {
-                    const uint8_t *vr = vc + (size_t)j * row_bytes;
-                    __m512 p0 = _mm512_set1_ps(p[0][j]), p1 = _mm512_set1_ps(p[nr - 1][j]);
-#pragma GCC unroll 8
-                    for (int c = 0; c < 8; c++) {
-                        if (c >= nc)
-                            break;
-                        __m512 v = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)vr + (e0 / 16 + c)))
-                                       : _mm512_loadu_ps((const float *)vr + e0 + 16 * c);
-                        a0[c] = _mm512_fmadd_ps(v, p0, a0[c]);
-                        if (nr == 2)
-                            a1[c] = _mm512_fmadd_ps(v, p1, a1[c]);
-                    }
-                }
-                for (int c = 0; c < nc; c++) {
-                    _mm512_storeu_ps(acc + (size_t)l * ES + e0 + 16 * c, a0[c]);
-                    if (nr == 2)
-                        _mm512_storeu_ps(acc + ((size_t)n_acc + l) * ES + e0 + 16 * c, a1[c]);
-                }
-            }
-        }
-        return;
-    }
-#endif
-    for (int k = 0; k < nr; k++)
-        for (int l = 0; l < nl; l++)
-            memset(acc + ((size_t)k * n_acc + l) * ES, 0, ES * sizeof(float));
-    for (int l = 0; l < nl; l++)
-        for (int j = l; j < jlim; j += n_acc) {
-            const uint8_t *vr = vc + (size_t)j * row_bytes;
-            const float *vf = (const float *)vr;
-            if (f16) {
-                f16_to_f32_row((const uint16_t *)vr, row, E);
-                vf = row;
-            }
-            for (int k = 0; k < nr; k++)
-                fma_row(acc + ((size_t)k * n_acc + l) * ES, vf, p[k][j], E);
-        }
-}
-
-#if defined(__AVX512F__)
-/* out (E) = fold_lanes of the 16-lane sums of P·V for one row that sees the
- * cells below jlim, sixteen elements at a time with the lane sums in
- * registers: the same operations as pv_lane_sums then fold_lanes with
- * n_acc = 16, without the trip through memory (a lane that takes no cell
- * is a zero in both). */
-static inline __attribute__((always_inline)) void
-pv16_row_of(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *pr, int jlim, float *out)
-{
-#define PV_LOAD(vr) (f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr))) \
-                         : _mm512_loadu_ps((const float *)(vr)))
-    for (int e0 = 0; e0 < E; e0 += 16) {
-        __m512 f[16], t[8], u[4];
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; l++)
-            f[l] = _mm512_setzero_ps();
-        const uint8_t *vr = vc + (size_t)e0 * (f16 ? 2 : 4);
-        int j = 0;
-        for (; j + 16 <= jlim; j += 16)
-#pragma GCC unroll 16
-            for (int l = 0; l < 16; l++, vr += row_bytes)
-                f[l] = _mm512_fmadd_ps(PV_LOAD(vr), _mm512_set1_ps(pr[j + l]), f[l]);
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; l++, vr += row_bytes)
-            if (j + l < jlim)
-                f[l] = _mm512_fmadd_ps(PV_LOAD(vr), _mm512_set1_ps(pr[j + l]), f[l]);
-#pragma GCC unroll 16
-        for (int i = 0; i < 8; i++)
-            t[i] = _mm512_add_ps(f[i + 8], f[i]);
-#pragma GCC unroll 16
-        for (int i = 0; i < 4; i++)
-            u[i] = _mm512_add_ps(t[i + 4], t[i]);
-        _mm512_storeu_ps(out + e0, _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3])));
-    }
-#undef PV_LOAD
-}
-
-static void pv16_row(const uint8_t *vc, size_t row_bytes, int f16, int E, const float *pr, int jlim,
-                     float *out)
-{
-    if (f16)
-        pv16_row_of(vc, row_bytes, 1, E, pr, jlim, out);
-    else
-        pv16_row_of(vc, row_bytes, 0, E, pr, jlim, out);
-}
-#endif
-
-struct attn_arg {
-    struct model_ctx *c;
-    int layer, T, pos, q0;
-    atomic_int next;   /* tasks taken */
-};
-
-/* One task = one kv head and a block of up to ATTN_QB query rows: the G
- * query heads sharing the kv head and the rows of the block are done together,
- * so each cached K/V row is converted once per task. The reference's
- * non-flash path: Q rounded to F16 (F16 cache) for K·Q, scores scaled in F32,
- * softmax as softmax_ref over its padded row of cells, probabilities rounded
- * to F16 for P·V. Which summation order each product takes depends on the
- * batch size and the padded cell count, as in the reference. */
-static void attn_worker(void *p, int ith, int nth)
-{
-    struct attn_arg *a = p;
-    struct model_ctx *c = a->c;
-    const struct model_hp *hp = &c->m->hp;
-    int E = hp->head_dim, H = hp->n_head, K = hp->n_head_kv, G = H / K;
-    int f16 = c->kv_type == KV_F16;
-    size_t C = (size_t)c->n_ctx, row_bytes = (size_t)E * c->kv_elt;
-    size_t ES = (size_t)(E + 15) & ~(size_t)15;  /* lane row stride */
-    float kq_scale = 1.0f / sqrtf((float)E);
-    /* the reference attends over cells padded to 256 (at most the cache) */
-    int used = a->pos + a->T, nkv = (used + 255) & ~255;
-    nkv = nkv < c->n_ctx ? nkv : c->n_ctx;
-    int kq_lanes = f16 && a->T >= 2 && E % 16 == 0 && nkv % 4 == 0;
-    int pv_lanes = a->T >= 2 && nkv % 16 == 0 && E % 4 == 0;
-    int n_acc = pv_lanes ? 16 : 64, np = pv_lanes ? used : nkv & ~63;
-    int qb = pv_lanes ? ATTN_QB : 1, nq = a->T - a->q0, nb = (nq + qb - 1) / qb;
-    int R = qb * G;                                          /* (row, head) pairs */
-    double *tail = (double *)(c->tscratch + (size_t)ith * c->tscratch_n); /* (R, E) */
-    float *s = (float *)(tail + (size_t)R * E);              /* (R, C) scores */
-    float *qf = s + (size_t)R * C;                           /* (R, E) */
-    float *row = qf + (size_t)R * E;                         /* (E) */
-    float *acc = row + ES; /* (2, n_acc, ES) lane sums of a row pair; before them (16, E) K rows */
-    (void)nth;
-    /* tasks taken in turn, the later blocks (more cells) first */
-    for (int n; (n = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed)) < nb * K;) {
-        int task = nb * K - 1 - n;
-        int t0 = a->q0 + (task / K) * qb, kh = task % K;
-        int nt = a->T - t0 < qb ? a->T - t0 : qb, n_kv = a->pos + t0 + nt;
-        const uint8_t *kc = c->k_cache + ((size_t)a->layer * K + kh) * C * row_bytes;
-        const uint8_t *vc = c->v_cache + ((size_t)a->layer * K + kh) * C * row_bytes;
-        for (int r = 0; r < nt * G; r++) {
-            const float *q = c->q + (size_t)(t0 + r / G) * H * E + (size_t)(kh * G + r % G) * E;
-            if (f16)
-                round_f16_row(q, qf + (size_t)r * E, E);
-            else
-                memcpy(qf + (size_t)r * E, q, (size_t)E * 4);
-        }
-        if (kq_lanes) {
-            /* blocks of 16 cells: 16 independent dot products per row */
-            float *kb = acc, d[16]; /* (16, E) the block's K rows */
-            for (int j0 = 0; j0 < n_kv; j0 += 16) {
-                int nj = n_kv - j0 < 16 ? n_kv - j0 : 16;
-                for (int jj = 0; jj < 16; jj++)
-                    if (jj < nj)
-                        f16_to_f32_row((const uint16_t *)(kc + (size_t)(j0 + jj) * row_bytes),
-                                       kb + (size_t)jj * E, E);
-                    else
-                        memset(kb + (size_t)jj * E, 0, (size_t)E * sizeof(float));
-                for (int r = (j0 > a->pos + t0 ? j0 - a->pos - t0 : 0) * G; r < nt * G; r++) {
-                    int jend = a->pos + t0 + r / G + 1; /* causal: row t sees cells up to pos + t */
-                    jend = jend < j0 + nj ? jend : j0 + nj;
-                    kq16_lanes(kb, qf + (size_t)r * E, E, d);
-                    for (int j = j0; j < jend; j++)
-                        s[(size_t)r * C + j] = d[j - j0] * kq_scale;
-                }
-            }
-        } else {
-            for (int j = 0; j < n_kv; j++) {
-                const uint8_t *kr = kc + (size_t)j * row_bytes;
-                const float *kf = (const float *)kr;
-                if (f16) {
-                    f16_to_f32_row((const uint16_t *)kr, row, E);
-                    kf = row;
-                }
-                for (int r = (j > a->pos + t0 ? j - a->pos - t0 : 0) * G; r < nt * G; r++)
-                    s[(size_t)r * C + j] = dot_rows(kf, qf + (size_t)r * E, E) * kq_scale;
-            }
-        }
-        for (int r = 0; r < nt * G; r++) {
-            int nr = a->pos + t0 + r / G + 1;
-            softmax_ref(s + (size_t)r * C, nr, nkv & ~15);
-            if (f16)
-                round_f16_row(s + (size_t)r * C, s + (size_t)r * C, nr);
-        }
-        /* out[e] = Σ_j p_j·v_j[e]: cell j feeds lane j mod n_acc (below np),
-         * the rest is the double tail of the row-dot form. The rows of one
-         * query (its G heads) see the same cells and go in pairs. */
-        int nl = n_kv < np ? n_kv : np;
-        nl = nl < n_acc ? nl : n_acc;
-        int has_tail = n_kv > np;
-#if defined(__AVX512F__)
-        if (n_acc == 16 && E % 16 == 0 && !has_tail) {
-            for (int r = 0; r < nt * G; r++) {
-                int t = t0 + r / G, seen = a->pos + t + 1;
-                pv16_row(vc, row_bytes, f16, E, s + (size_t)r * C, seen < np ? seen : np,
-                         c->ao + (size_t)t * H * E + (size_t)(kh * G + r % G) * E);
-            }
-            continue;
-        }
-#endif
-        for (int r = 0; r < nt * G;) {
-            int t = t0 + r / G, nr = r + 1 < nt * G && (r + 1) / G == r / G ? 2 : 1;
-            int seen = a->pos + t + 1; /* cells 0..seen-1 */
-            const float *pr[2] = {s + (size_t)r * C, s + (size_t)(r + nr - 1) * C};
-            pv_lane_sums(vc, row_bytes, f16, E, pr, nr, nl, n_acc, seen < np ? seen : np, acc, ES, row);
-            for (int k = 0; k < nr; k++) {
-                if (has_tail) {
-                    memset(tail, 0, (size_t)E * sizeof(double));
-                    for (int j = np; j < seen; j++) {
-                        const uint8_t *vr = vc + (size_t)j * row_bytes;
-                        const float *vf = (const float *)vr;
-                        if (f16) {
-                            f16_to_f32_row((const uint16_t *)vr, row, E);
-                            vf = row;
-                        }
-                        for (int e = 0; e < E; e++)
-                            tail[e] += (double)(vf[e] * pr[k][j]);
-                    }
-                }
-                fold_lanes(acc + (size_t)k * n_acc * ES, nl, n_acc, E, has_tail ? tail : NULL,
-                           c->ao + (size_t)t * H * E + (size_t)(kh * G + (r + k) % G) * E);
-            }
-            r += nr;
-        }
-    }
-}
-
-/* Stores rows r0..r1-1 of the chunk's K/V (T, K*E) in their cells; the
- * cache is head-major (layer, kv head, cell, E) so that attention reads
- * each head's cells as one contiguous stream. */
-static void kv_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
-{
-    (void)ith;
-    const struct attn_arg *a = p;
-    const struct model_hp *hp = &c->m->hp;
-    int E = hp->head_dim, K = hp->n_head_kv;
-    for (int t = r0; t < r1; t++)
-        for (int h = 0; h < K; h++) {
-            size_t off = ((((size_t)a->layer * K + h) * c->n_ctx) + (size_t)(a->pos + t)) * E * c->kv_elt;
-            const float *k = c->k + ((size_t)t * K + h) * E, *v = c->v + ((size_t)t * K + h) * E;
-            if (c->kv_type == KV_F16) {
-                f32_to_f16_row(k, (uint16_t *)(c->k_cache + off), E);
-                f32_to_f16_row(v, (uint16_t *)(c->v_cache + off), E);
-            } else {
-                memcpy(c->k_cache + off, k, (size_t)E * 4);
-                memcpy(c->v_cache + off, v, (size_t)E * 4);
-            }
-        }
-}
-
-/* The attention of one layer for the chunk: stores its K/V rows (T, K*E) in
- * cells pos..pos+T-1, then for query rows q0..T-1 of c->q (T, H*E) writes
- * c->ao (T, H*E) from cells 0..pos+t. This is the one place that knows the
- * cache layout. */
-static void attn_forward(struct model_ctx *c, int layer, int T, int pos, int q0)
-{
-    struct attn_arg arg = {c, layer, T, pos, q0, 0};
-    const struct model_hp *hp = &c->m->hp;
-    rows_run(c, kv_rows, &arg, T, (size_t)hp->n_head_kv * hp->head_dim);
-    if (q0 < T)
-        pool_run(c->pool, attn_worker, &arg);
 }
 
 /* ==== one forward pass over a chunk ==== */
@@ -1877,13 +1439,76 @@ static void embed_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
         qt->to_f32(w->data + (size_t)tokens[t] * w->ldw, c->x + (size_t)t * w->n, w->n);
 }
 
-/* One block over the chunk's T rows; the part after attention runs only for
+/* ==== attention over the KV pages ==== */
+
+/* A forward pass over T rows: T consecutive tokens of sequence seq from
+ * position pos (a prompt chunk or one decode step), or, with seq < 0, one
+ * token of each sequence c->rseq[t] at c->rpos[t] (a decode batch). The
+ * logits of rows out0..T-1 are computed (out0 = T: none). */
+struct pass {
+    int T, seq, pos, out0;
+};
+
+/* Writes rows r0..r1-1 of the pass's K/V (T, K*E) into their cells. */
+static void store_rows(struct model_ctx *c, const void *p, int r0, int r1, int ith)
+{
+    (void)ith;
+    const int *layer = p;
+    size_t KE = (size_t)c->m->hp.n_head_kv * (size_t)c->m->hp.head_dim;
+    char err[sizeof c->kv_err];
+    /* consecutive rows of one sequence go in one call */
+    for (int t = r0; t < r1;) {
+        int n = 1;
+        while (t + n < r1 && c->rseq[t + n] == c->rseq[t] && c->rpos[t + n] == c->rpos[t] + n)
+            n++;
+        if (kv_store(c->kv, c->rseq[t], *layer, c->rpos[t], n, c->k + t * KE, c->v + t * KE, err,
+                     sizeof err) != 0 && !atomic_exchange(&c->fail, 1))
+            memcpy(c->kv_err, err, sizeof err);
+        t += n;
+    }
+}
+
+/* Layer il's attention: the pass's K/V rows into the pages, then c->ao
+ * (T, H*E) for query rows r0..T-1 of c->q (T, H*E). A run of up to
+ * MODEL_WINDOW queries of one sequence takes the split-KV decode kernel,
+ * a longer one the prompt kernel. With F16 cells both keep the reference
+ * engine's rounding points (Q and the probabilities rounded to F16). */
+static int attn_layer(struct model_ctx *c, const struct pass *ps, int il, int r0, char *err, size_t errlen)
+{
+    const struct model_hp *hp = &c->m->hp;
+    size_t HE = (size_t)hp->n_head * (size_t)hp->head_dim;
+    rows_run(c, store_rows, &il, ps->T, (size_t)hp->n_head_kv * (size_t)hp->head_dim * 4);
+    if (atomic_load(&c->fail))
+        return strata_errf(err, errlen, "%s", c->kv_err);
+    struct attn_job j = {c->kv, ps->seq, il, c->q + (size_t)r0 * HE, c->ao + (size_t)r0 * HE, ps->T - r0,
+                         ps->pos + r0, 0.0f, kv_cfg(c->kv)->cell == KV_CELL_F16 ? ATTN_F16_REF : 0,
+                         c->n_split, NULL, NULL};
+    if (j.T <= 0)
+        return 0;
+    if (ps->seq >= 0)
+        return j.T <= MODEL_WINDOW ? attn_decode(c->attn, c->pool, &j, err, errlen)
+                                   : attn_prompt(c->attn, c->pool, &j, err, errlen);
+    for (int t = r0; t < ps->T; t++) {
+        j.seq = c->rseq[t];
+        j.q = c->q + (size_t)t * HE;
+        j.out = c->ao + (size_t)t * HE;
+        j.T = 1;
+        j.pos0 = c->rpos[t];
+        if (attn_decode(c->attn, c->pool, &j, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ==== one forward pass ==== */
+
+/* One block over the pass's T rows; the part after attention runs only for
  * rows r0..T-1 (the last layer computes just the rows whose logits are asked). */
-static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
+static int layer_forward(struct model_ctx *c, const struct pass *ps, int il, int r0, char *err, size_t errlen)
 {
     const struct model_hp *hp = &c->m->hp;
     const struct model_layer *ly = &c->m->layers[il];
-    int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
+    int T = ps->T, D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
 
     struct norm_arg na = {c->x, c->xn, ly->attn_norm};
     rows_run(c, norm_rows, &na, T, (size_t)D);
@@ -1892,10 +1517,11 @@ static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
                             mm_job(c, &ly->wv, 0, c->v, KE)};
     mm_run(c, qkv, 3);
     rows_run(c, qkv_rows, ly, T, (size_t)(HE + 2 * KE));
-    attn_forward(c, il, T, pos, r0);
+    if (attn_layer(c, ps, il, r0, err, errlen) != 0)
+        return -1;
     int n = T - r0;
     if (n <= 0)
-        return;
+        return 0;
 
     float *x = c->x + (size_t)r0 * D;
     act_begin(c, c->ao + (size_t)r0 * HE, n, HE);
@@ -1913,24 +1539,27 @@ static void layer_forward(struct model_ctx *c, int il, int T, int pos, int r0)
         struct resid_arg rf = {x, c->xn, NULL};
         rows_run(c, resid_rows, &rf, n, (size_t)D);
     }
+    return 0;
 }
 
-/* Runs tokens[0..T) at positions pos.. and writes the logits of rows
- * out0..T-1 to logits (rows of V); out0 = T asks for none. */
-static void forward_chunk(struct model_ctx *c, const int32_t *tokens, int T, int pos, int out0,
-                          float *logits)
+/* Runs the pass over tokens[0..T) (c->rseq, c->rpos filled) and writes the
+ * logits of rows out0..T-1 to logits (rows of V). */
+static int forward(struct model_ctx *c, const struct pass *ps, const int32_t *tokens, float *logits,
+                   char *err, size_t errlen)
 {
     const struct model *m = c->m;
     const struct model_hp *hp = &m->hp;
-    int D = hp->n_embd, V = hp->n_vocab;
+    int T = ps->T, D = hp->n_embd, V = hp->n_vocab;
+    atomic_store(&c->fail, 0);
     rows_run(c, embed_rows, tokens, T, (size_t)D);
-    rows_run(c, rope_rows, &pos, T, (size_t)hp->n_rot * 8);
+    rows_run(c, rope_rows, NULL, T, (size_t)hp->n_rot * 8);
     for (int il = 0; il < hp->n_layer; il++)
-        layer_forward(c, il, T, pos, il == hp->n_layer - 1 ? out0 : 0);
-    int n = T - out0;
+        if (layer_forward(c, ps, il, il == hp->n_layer - 1 ? ps->out0 : 0, err, errlen) != 0)
+            return -1;
+    int n = T - ps->out0;
     if (n <= 0)
-        return;
-    struct norm_arg na = {c->x + (size_t)out0 * D, c->xn, m->output_norm};
+        return 0;
+    struct norm_arg na = {c->x + (size_t)ps->out0 * D, c->xn, m->output_norm};
     rows_run(c, norm_rows, &na, n, (size_t)D);
     act_begin(c, c->xn, n, D);
     struct mm_job head = mm_job(c, &m->output, 0, logits, (size_t)V);
@@ -1939,34 +1568,111 @@ static void forward_chunk(struct model_ctx *c, const int32_t *tokens, int T, int
         for (int t = 0; t < n; t++)
             for (int i = 0; i < V; i++)
                 logits[(size_t)t * V + i] += m->output_b[i];
+    return 0;
 }
 
-int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos, float *logits,
+static int check_tokens(const struct model_ctx *c, const int32_t *tokens, int n, char *err, size_t errlen)
+{
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->m->hp.n_vocab)
+            return strata_errf(err, errlen, "token id %" PRId32 " out of range (vocabulary of %d)", tokens[i],
+                               c->m->hp.n_vocab);
+    return 0;
+}
+
+/* One chunk of model_eval: its cells are the sequence's last. */
+static int eval_chunk(struct model_ctx *c, int seq, const int32_t *tokens, int T, int pos, float *logits,
+                      int all_logits, char *err, size_t errlen)
+{
+    if (c->device == MODEL_DEV_GPU)
+        return gpu_eval(c->gpu, seq, tokens, T, pos, logits, all_logits, err, errlen);
+    struct pass ps = {T, seq, pos, !logits ? T : all_logits ? 0 : T - 1};
+    for (int t = 0; t < T; t++) {
+        c->rseq[t] = seq;
+        c->rpos[t] = pos + t;
+    }
+    return forward(c, &ps, tokens, logits, err, errlen);
+}
+
+int model_eval(struct model_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits,
                int all_logits, char *err, size_t errlen)
 {
-    const struct model_hp *hp = &c->m->hp;
+    int V = c->m->hp.n_vocab, len = kv_seq_len(c->kv, seq), n_ctx = kv_cfg(c->kv)->n_ctx;
+    c->reused = 0;
     if (n <= 0)
         return strata_errf(err, errlen, "nothing to evaluate (%d tokens)", n);
-    if (pos < 0 || pos > c->n_past)
-        return strata_errf(err, errlen, "position %d is past the %d cells in use", pos, c->n_past);
-    if (n > c->n_ctx - pos)
-        return strata_errf(err, errlen, "context full: %d tokens at position %d exceed %d cells",
-                          n, pos, c->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return strata_errf(err, errlen, "token id %" PRId32 " out of range (vocabulary of %d)",
-                              tokens[i], hp->n_vocab);
-    c->n_past = pos;
-    for (int done = 0; done < n;) {
-        int T = n - done < c->t_max ? n - done : c->t_max;
-        int last = done + T == n;
-        int out0 = !logits ? T : all_logits ? 0 : last ? T - 1 : T;
-        float *lg = logits && all_logits ? logits + (size_t)done * hp->n_vocab : logits;
-        forward_chunk(c, tokens + done, T, pos + done, out0, lg);
+    if (len < 0)
+        return strata_errf(err, errlen, "no sequence %d in this context", seq);
+    if (pos < 0 || pos > len)
+        return strata_errf(err, errlen, "position %d is past the %d cells of sequence %d", pos, len, seq);
+    if (n > n_ctx - pos)
+        return strata_errf(err, errlen, "context full: %d tokens at position %d exceed %d cells", n, pos, n_ctx);
+    if (check_tokens(c, tokens, n, err, errlen) != 0)
+        return -1;
+    kv_truncate(c->kv, seq, len - pos);
+    int done = 0;
+    if (pos == 0 && !all_logits)
+        done = c->reused = kv_prefix(c->kv, seq, tokens, n - 1);
+    while (done < n) {
+        int T = n - done < c->t_max ? n - done : c->t_max, last = done + T == n;
+        float *lg = !logits ? NULL : all_logits ? logits + (size_t)done * V : last ? logits : NULL;
+        if (kv_append(c->kv, seq, tokens + done, T, err, errlen) != 0 ||
+            eval_chunk(c, seq, tokens + done, T, pos + done, lg, all_logits, err, errlen) != 0) {
+            kv_truncate(c->kv, seq, kv_seq_len(c->kv, seq) - pos);
+            c->reused = 0;
+            return -1;
+        }
         done += T;
-        c->n_past = pos + done;
     }
-    return 0;
+    /* Appending no cells offers the finished whole pages to the prefix
+     * cache now (kv.c publishes at each append), so that the next prompt
+     * starting with these tokens shares them even if this sequence is cut
+     * back first. Every cell is written, as kv.c's contract asks. */
+    return kv_append(c->kv, seq, NULL, 0, err, errlen);
+}
+
+int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *tokens, int n, float *logits,
+                       char *err, size_t errlen)
+{
+    int V = c->m->hp.n_vocab;
+    if (n <= 0 || !logits)
+        return strata_errf(err, errlen, "decode batch: %d sequences%s", n, logits ? "" : ", no logits buffer");
+    if (check_tokens(c, tokens, n, err, errlen) != 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        if (kv_seq_len(c->kv, seqs[i]) < 0)
+            return strata_errf(err, errlen, "decode batch: no sequence %d in this context", seqs[i]);
+        for (int k = 0; k < i; k++)
+            if (seqs[k] == seqs[i])
+                return strata_errf(err, errlen, "decode batch: sequence %d appears twice", seqs[i]);
+    }
+    /* one cell for each first, so that a full pool fails before any work */
+    int added = 0;
+    for (; added < n; added++)
+        if (kv_append(c->kv, seqs[added], tokens + added, 1, err, errlen) != 0)
+            break;
+    int rc = added < n ? -1 : 0;
+    for (int done = 0; rc == 0 && done < n;) {
+        int T = n - done < c->t_max ? n - done : c->t_max;
+        if (c->device == MODEL_DEV_GPU) {
+            int s = seqs[done];
+            rc = gpu_eval(c->gpu, s, tokens + done, 1, kv_seq_len(c->kv, s) - 1, logits + (size_t)done * V, 0,
+                          err, errlen);
+            done++;
+            continue;
+        }
+        struct pass ps = {T, -1, 0, 0};
+        for (int t = 0; t < T; t++) {
+            c->rseq[t] = seqs[done + t];
+            c->rpos[t] = kv_seq_len(c->kv, seqs[done + t]) - 1;
+        }
+        rc = forward(c, &ps, tokens + done, logits + (size_t)done * V, err, errlen);
+        done += T;
+    }
+    if (rc != 0)
+        for (int i = 0; i < added; i++)
+            kv_truncate(c->kv, seqs[i], 1);
+    return rc;
 }
 
 /* ==== Public API: one sequence, one sampler ==== */
@@ -2009,7 +1715,9 @@ struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, cha
         strata_errf(err, errlen, "out of memory");
         goto fail;
     }
-    if (model_ctx_new(&s->c, s->m, n_ctx, KV_F16, s->pool, err, errlen) != 0)
+    struct model_opts o = model_opts_default();
+    o.n_ctx = n_ctx;
+    if (model_ctx_new(&s->c, s->m, &o, s->pool, err, errlen) != 0)
         goto fail;
     return s;
 fail:
@@ -2025,7 +1733,7 @@ int32_t *strata_tokenize(struct strata *s, const char *text, int *n)
 
 const float *strata_eval(struct strata *s, const int32_t *tokens, int n)
 {
-    if (model_eval(s->c, tokens, n, s->n_past, s->logits, 0, s->err, sizeof s->err) != 0)
+    if (model_eval(s->c, 0, tokens, n, s->n_past, s->logits, 0, s->err, sizeof s->err) != 0)
         return NULL;
     for (int i = 0; i < n; i++) {
         s->hist[s->n_past + i] = tokens[i];

@@ -1,14 +1,18 @@
 /*
- * sched.c — generation slots and their scheduler: N model contexts, a queue
- * of jobs, and one thread that runs the slots' prompt and decode steps.
+ * sched.c — generation slots and their scheduler: one model context whose KV
+ * pool holds a sequence per slot, a queue of jobs, and one thread that runs
+ * the steps.
  *
  * A job is a prompt plus sampling settings; the scheduler samples its tokens,
  * appends their text, watches its stop strings and publishes the progress
  * under one lock, so the thread that owns the job (http.c's connection) can
- * stream it. No sockets, no JSON, no printing. Batching: model.c has no
- * multi-sequence evaluation yet, so each step runs the active slots one after
- * the other (one token each, round-robin), not as one batched forward pass.
- * V is the vocabulary, C the cells of one slot.
+ * stream it. Each step samples every decoding slot, evaluates their tokens
+ * in ONE batched forward pass (model_decode_batch), then spends a bounded
+ * budget of prompt tokens on the slots still reading their prompts. A job
+ * gets a fresh sequence when its prompt starts and frees it when it ends, so
+ * its whole pages stay in the pool's prefix cache for the next prompt that
+ * starts the same way. No sockets, no JSON, no printing; only the scheduler
+ * thread touches the model context and its pool. V is the vocabulary.
  */
 #include "strata.h"
 
@@ -18,7 +22,11 @@
 #include <string.h>
 #include <time.h>
 
-#define SCHED_PROMPT_CHUNK 512   /* prompt tokens a slot evaluates per step (model_eval's chunk) */
+/* Prompt tokens one step evaluates over all slots while other slots decode:
+ * a long prompt then delays their next token by about the cost of this many
+ * rows per step, not by its whole length. With no slot decoding a step takes
+ * the model's whole chunk. */
+#define SCHED_PROMPT_BUSY 128
 #define SCHED_RATE_WINDOW 16     /* jobs behind the tokens/s rates */
 
 enum { J_NEW, J_QUEUED, J_ACTIVE, J_DONE };
@@ -30,21 +38,30 @@ struct sched_job_priv {
     int state, cancel;           /* (lock) */
 };
 
+/* Everything but n_cells is the scheduler thread's alone. */
 struct slot {
-    struct model_ctx *ctx;
-    int32_t *cache;              /* (C) the ids whose KV the context holds */
-    int n_cache;                 /* (lock) */
-    float *logits;               /* (V) */
-    struct sched_job *job;       /* NULL when free; only the scheduler thread changes it */
+    struct sched_job *job;       /* NULL when free */
+    int seq;                     /* its sequence in the pool; -1 until its prompt starts */
+    const float *logits;         /* (V) for the next token: a row of plog or blog; NULL while
+                                    the prompt is read */
+    int n_cells;                 /* (lock) cells of the sequence, for the stats */
 };
 
 struct sched {
     const struct tok *tok;
-    int V, n_ctx;
+    int V, n_ctx, P;             /* n_ctx: cells one sequence holds; P: cells per page */
+    int chunk;                   /* prompt tokens per step when no slot decodes */
     size_t max_piece;            /* the longest text of one token */
     struct pool *pool;
+    struct model_ctx *ctx;       /* one context, a sequence per busy slot */
+    struct kv *kv;               /* its pool */
     struct slot *slots;          /* (n_slots) */
     int n_slots;
+    int *age;                    /* (n_slots) slot ids, the longest-held job first */
+    float *plog;                 /* (n_slots, V) each slot's logits after its prompt */
+    float *blog;                 /* (n_slots, V) the decode batch's logits, a row per entry */
+    int *bseq, *bslot;           /* (n_slots) the batch's sequences and their slots */
+    int32_t *btok;               /* (n_slots) the batch's tokens */
     pthread_t thread;
     int started;
     pthread_mutex_t lock;
@@ -54,6 +71,7 @@ struct sched {
     int n_queued, n_active;
     int closed, cancel_running, quit;
     struct sched_stats st;
+    struct kv_stats kvs;         /* the pool after the last step */
     double win_pn[SCHED_RATE_WINDOW], win_ps[SCHED_RATE_WINDOW]; /* recent prompts: tokens, seconds */
     double win_gn[SCHED_RATE_WINDOW], win_gs[SCHED_RATE_WINDOW]; /* recent generations */
     int win_at;
@@ -122,13 +140,19 @@ void sched_job_free(struct sched_job *j)
     free(j);
 }
 
-/* Ends a job (lock held): frees its slot, counts it, wakes its owner. */
+/* Ends a job (lock held): frees its slot and sequence (on the scheduler
+ * thread only), counts it, wakes its owner. */
 static void job_finish(struct sched *s, struct slot *sl, struct sched_job *j, int end)
 {
     j->ready = j->text_len;
     j->t_end = now_s();
     if (sl) {
+        if (sl->seq >= 0)
+            kv_seq_free(s->kv, sl->seq);
         sl->job = NULL;
+        sl->seq = -1;
+        sl->logits = NULL;
+        sl->n_cells = 0;
         s->n_active--;
         double ps = j->t_prompt > 0 ? j->t_prompt - j->t_start : 0;
         double gs = j->t_prompt > 0 ? j->t_end - j->t_prompt : 0;
@@ -153,39 +177,33 @@ static void job_finish(struct sched *s, struct slot *sl, struct sched_job *j, in
     pthread_cond_broadcast(&j->priv->cv);
 }
 
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
+static void job_fail(struct sched *s, struct slot *sl, int end, const char *msg)
 {
-    int k = 0;
-    while (k < na && k < nb && a[k] == b[k])
-        k++;
-    return k;
+    snprintf(sl->job->err, sizeof sl->job->err, "%s", msg);
+    job_finish(s, sl, sl->job, end);
 }
 
-/* Gives queued jobs free slots (lock held): the slot whose cache shares the
- * longest prefix with the prompt, so cache_prompt reuses the most. */
+/* Gives queued jobs free slots in arrival order (lock held). Any free slot
+ * serves: the prefix cache is the pool's, not a slot's. */
 static void assign(struct sched *s)
 {
-    while (s->q_head) {
+    for (int a = 0; a < s->n_slots && s->q_head; a++) {
+        int i = s->age[a];
+        if (s->slots[i].job)
+            continue;
         struct sched_job *j = s->q_head;
-        int best = -1, best_k = -1;
-        for (int i = 0; i < s->n_slots; i++) {
-            struct slot *sl = &s->slots[i];
-            if (sl->job)
-                continue;
-            int k = j->req.cache_prompt ? common_prefix(sl->cache, sl->n_cache, j->req.prompt, j->req.n_prompt) : 0;
-            if (k > best_k)
-                best = i, best_k = k;
-        }
-        if (best < 0)
-            return;
         s->q_head = j->priv->next;
         if (!s->q_head)
             s->q_tail = NULL;
         s->n_queued--;
         s->n_active++;
         j->priv->state = J_ACTIVE;
-        j->slot = best;
-        s->slots[best].job = j;
+        j->slot = i;
+        s->slots[i].job = j;
+        /* the newest job goes last in age order */
+        memmove(s->age + a, s->age + a + 1, (size_t)(s->n_slots - a - 1) * sizeof *s->age);
+        s->age[s->n_slots - 1] = i;
+        a--;
     }
 }
 
@@ -237,86 +255,190 @@ static int append(struct sched *s, struct sched_job *j, int32_t id)
 
 /* ==== the scheduler thread ==== */
 
-/* One step of a slot: a chunk of its prompt, or sampling one token and
- * evaluating it. Runs without the lock, taking it to publish. */
-static void slot_step(struct sched *s, struct slot *sl)
+/* Samples the next token of every decoding slot, oldest job first, and
+ * publishes it; the jobs that go on form the batch (bseq, btok, bslot).
+ * Returns the batch's size. */
+static int sample_all(struct sched *s)
 {
-    struct sched_job *j = sl->job;
-    const struct sched_req *q = &j->req;
-    char err[256];
-    if (j->t_prompt == 0) {
-        if (j->t_start == 0) {
-            j->t_start = now_s();
-            int k = q->cache_prompt ? common_prefix(sl->cache, sl->n_cache, q->prompt, q->n_prompt) : 0;
-            if (k == q->n_prompt)
-                k--; /* the last prompt token is evaluated again for its logits */
-            j->n_cached = k;
-            j->n_past = k;
-        }
-        int n = q->n_prompt - j->n_past;
-        if (n > SCHED_PROMPT_CHUNK)
-            n = SCHED_PROMPT_CHUNK;
-        int last = j->n_past + n == q->n_prompt;
-        int rc = model_eval(sl->ctx, q->prompt + j->n_past, n, j->n_past, last ? sl->logits : NULL, 0, err,
-                            sizeof err);
+    int nb = 0;
+    for (int a = 0; a < s->n_slots; a++) {
+        int i = s->age[a];
+        struct slot *sl = &s->slots[i];
+        struct sched_job *j = sl->job;
+        if (!j || !sl->logits)
+            continue;
+        const struct sched_req *q = &j->req;
+        int32_t id = sample_next(j->priv->smp, sl->logits);
+        if (q->want_lp)
+            j->lp[j->n_ids] = sample_logprob(sl->logits, s->V, id, j->top + (size_t)j->n_ids * (size_t)q->n_top,
+                                             q->n_top);
+        j->ids[j->n_ids] = id;
+        sample_accept(j->priv->smp, id);
         pthread_mutex_lock(&s->lock);
-        if (rc != 0) {
-            sl->n_cache = 0;
-            snprintf(j->err, sizeof j->err, "%s", err);
-            job_finish(s, sl, j, SCHED_ERROR);
+        j->n_ids++;
+        if (tok_is_eog(s->tok, id)) {
+            job_finish(s, sl, j, SCHED_EOS);
+        } else if (append(s, j, id)) {
+            job_finish(s, sl, j, SCHED_WORD);
+        } else if (j->n_ids >= j->cap) {
+            job_finish(s, sl, j, SCHED_LIMIT);
         } else {
-            memcpy(sl->cache + j->n_past, q->prompt + j->n_past, (size_t)n * sizeof *sl->cache);
-            j->n_past += n;
-            sl->n_cache = j->n_past;
-            if (last) {
-                j->t_prompt = now_s();
-                if (j->cap == 0)
-                    job_finish(s, sl, j, SCHED_LIMIT);
-            }
+            pthread_cond_broadcast(&j->priv->cv);
+            s->bseq[nb] = sl->seq;
+            s->btok[nb] = id;
+            s->bslot[nb++] = i;
         }
         pthread_mutex_unlock(&s->lock);
-        return;
     }
-    int32_t id = sample_next(j->priv->smp, sl->logits);
-    if (q->want_lp)
-        j->lp[j->n_ids] = sample_logprob(sl->logits, s->V, id, j->top + (size_t)j->n_ids * (size_t)q->n_top, q->n_top);
-    j->ids[j->n_ids] = id;
-    sample_accept(j->priv->smp, id);
-    pthread_mutex_lock(&s->lock);
-    j->n_ids++;
-    int done = 1;
-    if (tok_is_eog(s->tok, id))
-        job_finish(s, sl, j, SCHED_EOS);
-    else if (append(s, j, id))
-        job_finish(s, sl, j, SCHED_WORD);
-    else if (j->n_ids >= j->cap)
-        job_finish(s, sl, j, SCHED_LIMIT);
-    else
-        done = 0;
-    if (!done)
-        pthread_cond_broadcast(&j->priv->cv);
-    pthread_mutex_unlock(&s->lock);
-    if (done)
+    return nb;
+}
+
+/*
+ * Makes sure need pages are free or evictable for slot i's job. When the
+ * pool runs short, the youngest job holding a sequence ends (SCHED_REFUSED,
+ * with a message naming the KV cache) and its pages return, until there
+ * are enough or the youngest is i's own job, which then ends: an exhausted
+ * pool fails the newest requests and the older ones go on. Returns 0 when
+ * the pages are there.
+ */
+static int make_room(struct sched *s, int i, int need)
+{
+    for (;;) {
+        struct kv_stats ks;
+        kv_stats(s->kv, &ks);
+        if (need <= ks.free + ks.idle)
+            return 0;
+        int victim = i;
+        for (int a = s->n_slots - 1; a >= 0; a--) {
+            struct slot *sl = &s->slots[s->age[a]];
+            if (sl->job && sl->seq >= 0) {
+                victim = s->age[a];
+                break;
+            }
+        }
+        char err[200];
+        snprintf(err, sizeof err,
+                 "KV cache exhausted: all %d pages of %d cells are held by older requests "
+                 "(raise --kv-mem or -c)", ks.pages, s->P);
+        pthread_mutex_lock(&s->lock);
+        job_fail(s, &s->slots[victim], SCHED_REFUSED, err);
+        pthread_mutex_unlock(&s->lock);
+        if (victim == i)
+            return -1;
+    }
+}
+
+/*
+ * Evaluates the batch's tokens in one forward pass. A token that starts a
+ * new page needs one from the pool (no page of ours is shared part-filled:
+ * the prefix cache shares whole pages only); the batch is in age order, so
+ * make_room only ever ends jobs after the one it serves.
+ */
+static void decode(struct sched *s, int nb)
+{
+    char err[256];
+    int kept = 0, taken = 0;
+    for (int k = 0; k < nb; k++) {
+        int i = s->bslot[k];
+        struct slot *sl = &s->slots[i];
+        if (!sl->job)
+            continue; /* ended by make_room for an older job */
+        if (kv_seq_len(s->kv, sl->seq) % s->P == 0) {
+            if (make_room(s, i, taken + 1) != 0)
+                continue;
+            taken++;
+        }
+        s->bseq[kept] = s->bseq[k];
+        s->btok[kept] = s->btok[k];
+        s->bslot[kept++] = i;
+    }
+    if (kept == 0)
         return;
-    int rc = model_eval(sl->ctx, &id, 1, j->n_past, sl->logits, 0, err, sizeof err);
+    int rc = model_decode_batch(s->ctx, s->bseq, s->btok, kept, s->blog, err, sizeof err);
     pthread_mutex_lock(&s->lock);
-    if (rc != 0) {
-        sl->n_cache = 0;
-        snprintf(j->err, sizeof j->err, "%s", err);
-        job_finish(s, sl, j, SCHED_ERROR);
-    } else {
-        sl->cache[j->n_past++] = id;
-        sl->n_cache = j->n_past;
+    s->st.decode_batches++;
+    s->st.decode_rows += (uint64_t)kept;
+    for (int k = 0; k < kept; k++) {
+        struct slot *sl = &s->slots[s->bslot[k]];
+        if (rc != 0) {
+            job_fail(s, sl, SCHED_ERROR, err);
+        } else {
+            sl->logits = s->blog + (size_t)k * s->V;
+            sl->job->n_past++;
+        }
     }
     pthread_mutex_unlock(&s->lock);
 }
 
 /*
- * Each step gives every active slot one step, round-robin: a new job joins at
- * the next step, a finished one leaves at once. Slots share the thread pool
- * and run one after the other, so N active slots cost N single-token forward
- * passes per step (no batching across slots until model.c evaluates several
- * sequences at once).
+ * One chunk of a slot's prompt, at most budget tokens; returns the tokens
+ * spent. The first chunk takes a fresh sequence and, with cache_prompt,
+ * shares the cached pages holding the prompt's longest page-aligned prefix
+ * (the last token is always evaluated, for its logits).
+ */
+static int prompt_chunk(struct sched *s, int i, int budget)
+{
+    struct slot *sl = &s->slots[i];
+    struct sched_job *j = sl->job;
+    const struct sched_req *q = &j->req;
+    char err[256];
+    if (sl->seq < 0) {
+        j->t_start = now_s();
+        if (q->n_prompt <= 0 || (sl->seq = kv_seq_new(s->kv, err, sizeof err)) < 0) {
+            pthread_mutex_lock(&s->lock);
+            job_fail(s, sl, SCHED_ERROR, q->n_prompt <= 0 ? "the prompt is empty" : err);
+            pthread_mutex_unlock(&s->lock);
+            return 0;
+        }
+        int k = q->cache_prompt ? kv_prefix(s->kv, sl->seq, q->prompt, q->n_prompt - 1) : 0;
+        pthread_mutex_lock(&s->lock);
+        j->n_cached = j->n_past = k;
+        pthread_mutex_unlock(&s->lock);
+    }
+    int pos = j->n_past, n = q->n_prompt - pos < budget ? q->n_prompt - pos : budget;
+    /* model_eval shares cached pages by itself when a sequence starts at 0;
+     * a first chunk of one token has nothing to share, so without
+     * cache_prompt the first token goes alone */
+    if (pos == 0 && !q->cache_prompt)
+        n = 1;
+    int last = pos + n == q->n_prompt;
+    if (make_room(s, i, (pos + n + s->P - 1) / s->P - (pos + s->P - 1) / s->P) != 0)
+        return n;
+    int rc = model_eval(s->ctx, sl->seq, q->prompt + pos, n, pos, last ? s->plog + (size_t)i * s->V : NULL, 0,
+                        err, sizeof err);
+    pthread_mutex_lock(&s->lock);
+    if (rc != 0) {
+        job_fail(s, sl, SCHED_ERROR, err);
+    } else {
+        j->n_cached += model_last_reused(s->ctx);
+        j->n_past += n;
+        if (last) {
+            j->t_prompt = now_s();
+            sl->logits = s->plog + (size_t)i * s->V;
+            if (j->cap == 0)
+                job_finish(s, sl, j, SCHED_LIMIT);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+/* The pool's state for sched_stats (lock held, on the scheduler thread). */
+static void snapshot(struct sched *s)
+{
+    kv_stats(s->kv, &s->kvs);
+    for (int i = 0; i < s->n_slots; i++) {
+        struct slot *sl = &s->slots[i];
+        sl->n_cells = sl->job && sl->seq >= 0 ? kv_seq_len(s->kv, sl->seq) : 0;
+    }
+}
+
+/*
+ * A step: cancelled jobs leave and queued ones take the free slots (a new
+ * job joins at the next step); every decoding slot samples a token and all
+ * of them are evaluated together (model_decode_batch: each weight matrix is
+ * read once for the whole batch); then the slots reading prompts share a
+ * budget of prompt tokens, oldest job first.
  */
 static void *sched_main(void *arg)
 {
@@ -331,6 +453,7 @@ static void *sched_main(void *arg)
                 job_finish(s, sl, sl->job, SCHED_CANCEL);
         }
         assign(s);
+        snapshot(s);
         if (s->quit)
             break;
         int busy = 0;
@@ -343,9 +466,15 @@ static void *sched_main(void *arg)
         s->st.n_steps++;
         s->st.busy_slot_steps += (uint64_t)busy;
         pthread_mutex_unlock(&s->lock);
-        for (int i = 0; i < s->n_slots; i++)
-            if (s->slots[i].job)
-                slot_step(s, &s->slots[i]);
+        int nb = sample_all(s);
+        if (nb > 0)
+            decode(s, nb);
+        int budget = nb > 0 ? SCHED_PROMPT_BUSY : s->chunk;
+        for (int a = 0; a < s->n_slots && budget > 0; a++) {
+            int i = s->age[a];
+            if (s->slots[i].job && !s->slots[i].logits)
+                budget -= prompt_chunk(s, i, budget);
+        }
         pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
@@ -354,20 +483,18 @@ static void *sched_main(void *arg)
 
 /* ==== the interface ==== */
 
-int sched_new(struct sched **out, struct model *m, int n_slots, int n_ctx, int kv_type, int n_threads,
-              char *err, size_t errlen)
+int sched_new(struct sched **out, struct model *m, const struct sched_opts *o, char *err, size_t errlen)
 {
     *out = NULL;
+    if (o->n_slots < 1)
+        return strata_errf(err, errlen, "%d slots; need at least one", o->n_slots);
     struct sched *s = calloc(1, sizeof *s);
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!s)
+        return strata_errf(err, errlen, "out of memory");
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->tok = model_tok(m);
     s->V = model_hp(m)->n_vocab;
-    s->n_ctx = n_ctx;
     s->max_piece = 1;
     char one[1];
     for (int32_t id = 0; id < tok_n_vocab(s->tok); id++) {
@@ -375,38 +502,50 @@ int sched_new(struct sched **out, struct model *m, int n_slots, int n_ctx, int k
         if (n > s->max_piece)
             s->max_piece = n;
     }
-    s->pool = pool_new(n_threads);
-    s->slots = calloc((size_t)n_slots, sizeof *s->slots);
-    if (!s->pool || !s->slots) {
-        snprintf(err, errlen, "out of memory");
-        sched_free(s);
-        return -1;
+    size_t N = (size_t)o->n_slots, V = (size_t)s->V;
+    s->pool = pool_new(o->n_threads);
+    s->slots = calloc(N, sizeof *s->slots);
+    s->age = malloc(N * sizeof *s->age);
+    s->bseq = malloc(N * sizeof *s->bseq);
+    s->bslot = malloc(N * sizeof *s->bslot);
+    s->btok = malloc(N * sizeof *s->btok);
+    s->plog = malloc(N * V * sizeof *s->plog);
+    s->blog = malloc(N * V * sizeof *s->blog);
+    if (!s->pool || !s->slots || !s->age || !s->bseq || !s->bslot || !s->btok || !s->plog || !s->blog) {
+        strata_errf(err, errlen, "out of memory");
+        goto fail;
     }
-    for (int i = 0; i < n_slots; i++) {
-        struct slot *sl = &s->slots[i];
-        char e[256];
-        if (model_ctx_new(&sl->ctx, m, n_ctx, kv_type, s->pool, e, sizeof e) != 0) {
-            snprintf(err, errlen, "slot %d: %s", i, e);
-            sched_free(s);
-            return -1;
-        }
-        s->n_slots++;
-        sl->cache = malloc((size_t)n_ctx * sizeof *sl->cache);
-        sl->logits = malloc((size_t)s->V * sizeof *sl->logits);
-        if (!sl->cache || !sl->logits) {
-            snprintf(err, errlen, "out of memory");
-            sched_free(s);
-            return -1;
-        }
+    s->n_slots = o->n_slots;
+    for (int i = 0; i < s->n_slots; i++) {
+        s->slots[i].seq = -1;
+        s->age[i] = i;
     }
+    struct model_opts mo = model_opts_default();
+    mo.n_ctx = o->n_ctx;
+    mo.kv_cell = o->kv_cell;
+    mo.kv_mem_mib = o->kv_mem_mib;
+    mo.n_seq = o->n_slots;
+    mo.device = o->device;
+    if (o->prefill_chunk > 0)
+        mo.prefill_chunk = o->prefill_chunk;
+    if (model_ctx_new(&s->ctx, m, &mo, s->pool, err, errlen) != 0)
+        goto fail;
+    s->kv = model_kv(s->ctx);
+    kv_seq_free(s->kv, 0); /* model_ctx_new's sequence: each job makes its own */
+    s->n_ctx = kv_cfg(s->kv)->n_ctx;
+    s->P = kv_cfg(s->kv)->page_cells;
+    s->chunk = mo.prefill_chunk;
+    kv_stats(s->kv, &s->kvs);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
-        snprintf(err, errlen, "cannot start the scheduler thread");
-        sched_free(s);
-        return -1;
+        strata_errf(err, errlen, "cannot start the scheduler thread");
+        goto fail;
     }
     s->started = 1;
     *out = s;
     return 0;
+fail:
+    sched_free(s);
+    return -1;
 }
 
 void sched_free(struct sched *s)
@@ -420,18 +559,21 @@ void sched_free(struct sched *s)
         pthread_mutex_unlock(&s->lock);
         pthread_join(s->thread, NULL);
     }
-    for (int i = 0; i < s->n_slots; i++) {
-        model_ctx_free(s->slots[i].ctx);
-        free(s->slots[i].cache);
-        free(s->slots[i].logits);
-    }
+    model_ctx_free(s->ctx);
     free(s->slots);
+    free(s->age);
+    free(s->bseq);
+    free(s->bslot);
+    free(s->btok);
+    free(s->plog);
+    free(s->blog);
     pool_free(s->pool);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
+int sched_n_ctx(const struct sched *s) { return s->n_ctx; }
 int sched_submit(struct sched *s, struct sched_job *j)
 {
     pthread_mutex_lock(&s->lock);
@@ -523,14 +665,11 @@ void sched_stats(struct sched *s, struct sched_stats *out)
     *out = s->st;
     out->processing = s->n_active;
     out->queued = s->n_queued;
-    out->kv_used = out->kv_cached = 0;
-    for (int i = 0; i < s->n_slots; i++) {
-        if (s->slots[i].job)
-            out->kv_used += s->slots[i].n_cache;
-        else
-            out->kv_cached += s->slots[i].n_cache;
-    }
-    out->kv_total = (long)s->n_slots * s->n_ctx;
+    out->kv_used = 0;
+    for (int i = 0; i < s->n_slots; i++)
+        out->kv_used += s->slots[i].n_cells;
+    out->kv_cached = (long)s->kvs.idle * s->P;
+    out->kv_total = (long)s->kvs.pages * s->P;
     out->prompt_rate = window_rate(s->win_pn, s->win_ps);
     out->gen_rate = window_rate(s->win_gn, s->win_gs);
     pthread_mutex_unlock(&s->lock);

@@ -35,8 +35,8 @@ static const char usage[] =
     "             [--no-special] [--json]\n"
     "  tokenize   -m MODEL (-p TEXT | -f FILE) [--no-bos] [--no-special] [--json]\n"
     "  perplexity -m MODEL -f FILE [-c N] [--json]\n"
-    "  info       -m MODEL\n"
-    "  bench      -m MODEL [-p N] [-n N] [-r REPS]\n"
+    "  info       -m MODEL [-c N] [--kv F]\n"
+    "  bench      -m MODEL [-p N] [-n N] [-r REPS] [-d DEPTH] [--prefix N] [--split S]\n"
     "  synth      --arch A | --shape S [--set K=V] [--type T] [--vocab F] -o F\n"
     "  serve      -m MODEL [--port P] [--host H] [--parallel N] ... (strata serve --help)\n"
     "  help       this text\n"
@@ -46,14 +46,24 @@ static const char usage[] =
     "  -t THREADS       threads (default: the cores)\n"
     "  -c, --ctx N      context length (default: the model's, at most 4096;\n"
     "                   perplexity: the window, default 512)\n"
-    "  --kv f16|f32     KV cache cells (default f16)\n"
+    "  --kv F           KV cache cells: f16 (default), f32, int8 (one scale per\n"
+    "                   row), q4 (Q4_0 blocks of 32), k8v4 (int8 K, Q4_0 V)\n"
+    "  --kv-mem MIB     size the KV pool in MiB instead of by -c\n"
+    "  --prefill-chunk N  prompt tokens per forward chunk (default 512)\n"
+    "  --device D       auto (default: the GPU when there is one), cpu, gpu (cuda, hip)\n"
     "  --float          generate/perplexity/bench: compute the float function (weights\n"
     "                   dequantised, activations F32; slower): with --kv f32 it is the\n"
     "                   float reference the parity tests hold Strata to\n"
     "\n"
     "generate defaults: -n 128 --temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05\n"
     "--repeat-penalty 1 --repeat-last-n 64 (-1: the context), a random seed\n"
-    "(printed to stderr); --temp 0 is greedy.\n";
+    "(printed to stderr); --temp 0 is greedy.\n"
+    "\n"
+    "bench: -p N prompt tokens (512), then -n N decode steps (128), -r REPS (3);\n"
+    "-d DEPTH cells before them (on the CPU random K/V rows, written straight into\n"
+    "the pages); --prefix N times a prompt of N shared + -p new tokens evaluated\n"
+    "twice (the second shares the cached pages); --split S decode attention\n"
+    "partitions (0: automatic).\n";
 
 /* ==== errors and small helpers ==== */
 
@@ -129,12 +139,12 @@ static void put_num(FILE *f, double v, const char *fmt)
 /* ==== options ==== */
 
 enum { C_GEN = 1, C_TOK = 2, C_PPL = 4, C_INFO = 8, C_BENCH = 16, C_ALL = 31 };
-enum { O_STR, O_INT, O_FLOAT, O_U64, O_FLAG, O_KV };
+enum { O_STR, O_INT, O_FLOAT, O_U64, O_FLAG, O_KV, O_DEV };
 
 struct opts {
     const char *model, *prompt, *file;
-    int threads, n_ctx, kv;
-    int n_predict, n_prompt, reps;
+    int threads, n_ctx, kv, kv_mem, chunk, device;
+    int n_predict, n_prompt, reps, depth, prefix, split;
     int logprobs, no_special, no_bos, json, have_seed, f32ref;
     struct sample_params sp;
 };
@@ -153,11 +163,17 @@ static const struct flag flags[] = {
     { "-t", "--threads", O_INT, OFF(threads), C_ALL, 1, 1024 },
     { "-c", "--ctx", O_INT, OFF(n_ctx), C_ALL, 1, 1 << 24 },
     { "--kv", NULL, O_KV, OFF(kv), C_ALL, 0, 0 },
+    { "--kv-mem", NULL, O_INT, OFF(kv_mem), C_GEN | C_PPL | C_BENCH | C_INFO, 1, 1 << 24 },
+    { "--prefill-chunk", NULL, O_INT, OFF(chunk), C_GEN | C_PPL | C_BENCH, 1, 1 << 16 },
+    { "--device", NULL, O_DEV, OFF(device), C_GEN | C_PPL | C_BENCH, 0, 0 },
     { "-p", "--prompt", O_STR, OFF(prompt), C_GEN | C_TOK, 0, 0 },
     { "-f", "--file", O_STR, OFF(file), C_GEN | C_TOK | C_PPL, 0, 0 },
     { "-n", "--n-predict", O_INT, OFF(n_predict), C_GEN | C_BENCH, 0, 1 << 24 },
     { "-p", "--n-prompt", O_INT, OFF(n_prompt), C_BENCH, 0, 1 << 24 },
     { "-r", "--reps", O_INT, OFF(reps), C_BENCH, 1, 1000 },
+    { "-d", "--depth", O_INT, OFF(depth), C_BENCH, 0, 1 << 24 },
+    { "--prefix", NULL, O_INT, OFF(prefix), C_BENCH, 0, 1 << 24 },
+    { "--split", NULL, O_INT, OFF(split), C_BENCH, 0, ATTN_MAX_SPLIT },
     { "--temp", NULL, O_FLOAT, OFF(sp.temp), C_GEN, 0, 0 },
     { "--top-k", NULL, O_INT, OFF(sp.top_k), C_GEN, -1, 1 << 24 },
     { "--top-p", NULL, O_FLOAT, OFF(sp.top_p), C_GEN, 0, 0 },
@@ -207,12 +223,18 @@ static int parse_value(const struct flag *fl, const char *arg, const char *v, st
         return 0;
     }
     case O_KV:
-        if (strcmp(v, "f16") == 0)
-            o->kv = KV_F16;
-        else if (strcmp(v, "f32") == 0)
-            o->kv = KV_F32;
+        if ((o->kv = kv_cell_parse(v)) < 0)
+            return fail("%s: '%s' is not f16, f32, int8, q4 or k8v4", arg, v);
+        return 0;
+    case O_DEV:
+        if (strcmp(v, "auto") == 0)
+            o->device = MODEL_DEV_AUTO;
+        else if (strcmp(v, "cpu") == 0)
+            o->device = MODEL_DEV_CPU;
+        else if (strcmp(v, "gpu") == 0 || strcmp(v, "cuda") == 0 || strcmp(v, "hip") == 0)
+            o->device = MODEL_DEV_GPU;
         else
-            return fail("%s: '%s' is not f16 or f32", arg, v);
+            return fail("%s: '%s' is not auto, cpu, gpu, cuda or hip", arg, v);
         return 0;
     }
     return fail("%s: unhandled option kind", arg);
@@ -221,7 +243,8 @@ static int parse_value(const struct flag *fl, const char *arg, const char *v, st
 static int parse_opts(int argc, char **argv, unsigned cmd, const char *cmd_name, struct opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->kv = KV_F16;
+    o->kv = KV_CELL_F16;
+    o->device = MODEL_DEV_AUTO;
     o->n_predict = 128;
     o->n_prompt = 512;
     o->reps = 3;
@@ -293,15 +316,34 @@ static int load_model(const struct opts *o, struct model **m, int need_tok)
     return 0;
 }
 
-static size_t kv_bytes(const struct model_hp *hp, int n_ctx, int kv)
+/* The KV pool of one sequence of n_ctx cells for m, as --kv/--kv-mem ask. */
+static struct kv_config kv_shape(const struct opts *o, const struct model_hp *hp, int cell, int n_ctx)
 {
-    return 2 * (size_t)hp->n_layer * (size_t)n_ctx * (size_t)hp->n_head_kv *
-           (size_t)hp->head_dim * (kv == KV_F16 ? 2 : 4);
+    struct kv_config k = { hp->n_layer, hp->n_head_kv, hp->head_dim, cell, 0, 1, n_ctx, o->kv_mem, NULL };
+    return k;
+}
+
+/* Bytes the pool takes: --kv-mem, or whole pages for n_ctx cells (0 when
+ * the format cannot hold the head dim). */
+static size_t kv_bytes(const struct opts *o, const struct model_hp *hp, int n_ctx)
+{
+    if (o->kv_mem > 0)
+        return (size_t)o->kv_mem << 20;
+    struct kv_config k = kv_shape(o, hp, o->kv, n_ctx);
+    size_t cells = ((size_t)n_ctx + KV_PAGE_CELLS - 1) / KV_PAGE_CELLS * KV_PAGE_CELLS;
+    return kv_cell_bytes(&k) * cells;
 }
 
 static int default_ctx(const struct model_hp *hp)
 {
     return hp->n_ctx_train > 0 && hp->n_ctx_train < DEFAULT_CTX_CAP ? hp->n_ctx_train : DEFAULT_CTX_CAP;
+}
+
+/* Whether the context will run on the GPU (where the KV pages live in
+ * device memory). */
+static int on_gpu(const struct opts *o)
+{
+    return o->device == MODEL_DEV_GPU || (o->device == MODEL_DEV_AUTO && !o->f32ref && gpu_devices(NULL, 0) > 0);
 }
 
 /* Refuses a model and cache that do not fit in physical memory: the weights
@@ -312,14 +354,15 @@ static int check_memory(const struct opts *o, const struct model *m, int n_ctx)
     if (pages <= 0 || page <= 0)
         return 0;
     size_t have = (size_t)pages * (size_t)page;
-    size_t w = model_weight_bytes(m), kv = kv_bytes(model_hp(m), n_ctx, o->kv);
+    size_t w = model_weight_bytes(m), kv = on_gpu(o) ? 0 : kv_bytes(o, model_hp(m), n_ctx);
     if (w + kv > have)
         return fail("%s needs %.0f MiB (weights %.0f MiB + KV cache %.0f MiB for %d cells) but this "
                     "machine has %.0f MiB", o->model, mib(w + kv), mib(w), mib(kv), n_ctx, mib(have));
     return 0;
 }
 
-/* A pool and a context of n_ctx cells for m. */
+/* A pool and a context of n_ctx cells (one sequence) for m; the KV pool it
+ * took goes to stderr. */
 static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct pool **pool,
                     struct model_ctx **c)
 {
@@ -329,12 +372,24 @@ static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct poo
     *pool = pool_new(o->threads);
     if (!*pool)
         return fail("cannot start %d threads", o->threads);
-    if (model_ctx_new(c, m, n_ctx, o->kv, *pool, err, sizeof err) != 0) {
+    struct model_opts mo = model_opts_default();
+    mo.n_ctx = n_ctx;
+    mo.kv_cell = o->kv;
+    mo.kv_mem_mib = o->kv_mem;
+    mo.prefill_chunk = o->chunk ? o->chunk : MODEL_CHUNK;
+    mo.device = o->device;
+    mo.attn_split = o->split;
+    mo.f32ref = o->f32ref;
+    if (model_ctx_new(c, m, &mo, *pool, err, sizeof err) != 0) {
         pool_free(*pool);
         *pool = NULL;
         return fail("%s", err);
     }
-    model_ctx_set_f32ref(*c, o->f32ref);
+    struct kv_stats st;
+    kv_stats(model_kv(*c), &st);
+    fprintf(stderr, "kv cache: %s cells, %d per sequence, %.1f MiB in %s memory (%zu bytes per cell, %d pages)\n",
+            kv_cell_name(o->kv), kv_cfg(model_kv(*c))->n_ctx, mib(st.total_bytes),
+            model_ctx_device(*c) == MODEL_DEV_GPU ? "device" : "host", st.cell_bytes, st.pages);
     return 0;
 }
 
@@ -481,11 +536,12 @@ static int cmd_generate(struct opts *o)
         sample_accept(smp, prompt[i]);
 
     double t0 = now_ms();
-    if (model_eval(c, prompt, np, 0, logits, 0, err, sizeof err) != 0) {
+    if (model_eval(c, 0, prompt, np, 0, logits, 0, err, sizeof err) != 0) {
         fail("%s", err);
         goto done;
     }
     double prompt_ms = now_ms() - t0, decode_ms = 0;
+    int reused = model_last_reused(c);
     int n_out = 0, n_decoded = 0, pos = np;
     while (n_out < n_max) {
         struct gen_out *g = &out[n_out];
@@ -521,7 +577,7 @@ static int cmd_generate(struct opts *o)
         if (n_out == n_max)
             break;
         double t1 = now_ms();
-        if (model_eval(c, &id, 1, pos, logits, 0, err, sizeof err) != 0) {
+        if (model_eval(c, 0, &id, 1, pos, logits, 0, err, sizeof err) != 0) {
             fail("%s", err);
             goto done;
         }
@@ -538,8 +594,8 @@ static int cmd_generate(struct opts *o)
         fflush(stdout);
         fputc('\n', stderr);
     }
-    fprintf(stderr, "prompt: %d tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms "
-            "(%.1f tok/s)\n", np, prompt_ms, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0,
+    fprintf(stderr, "prompt: %d tokens (%d from the prefix cache) in %.1f ms (%.1f tok/s); decode: %d tokens "
+            "in %.1f ms (%.1f tok/s)\n", np, reused, prompt_ms, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0,
             n_decoded, decode_ms, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0);
     rc = ferror(stdout) ? fail("error writing the output") : 0;
 done:
@@ -671,13 +727,13 @@ static int cmd_perplexity(struct opts *o)
         if (tok_add_bos(t))
             chunk[0] = tok_bos(t); /* overwritten, not inserted */
         /* position 0 starts from an empty cache */
-        if (model_eval(c, chunk, first, 0, NULL, 0, err, sizeof err) != 0) {
+        if (model_eval(c, 0, chunk, first, 0, NULL, 0, err, sizeof err) != 0) {
             fail("%s", err);
             goto done;
         }
         for (int p0 = first; p0 < n_ctx - 1; p0 += slice) {
             int rows = n_ctx - p0 < slice ? n_ctx - p0 : slice;
-            if (model_eval(c, chunk + p0, rows, p0, logits, 1, err, sizeof err) != 0) {
+            if (model_eval(c, 0, chunk + p0, rows, p0, logits, 1, err, sizeof err) != 0) {
                 fail("%s", err);
                 goto done;
             }
@@ -786,10 +842,20 @@ static int cmd_info(struct opts *o)
             printf(" %s %" PRIu64 " (%.1f MiB)", gguf_type_name(ty), count[ty], mib(bytes[ty]));
     putchar('\n');
     int n_ctx = o->n_ctx ? o->n_ctx : default_ctx(hp);
-    size_t w = model_weight_bytes(m), kv = kv_bytes(hp, n_ctx, o->kv);
+    size_t w = model_weight_bytes(m), kv = kv_bytes(o, hp, n_ctx);
     printf("%-18s %.1f MiB\n", "weights", mib(w));
     printf("%-18s %.1f MiB\n", "decode reads", mib(model_decode_bytes(m)));
-    printf("%-18s %.1f MiB (%d cells, %s)\n", "KV cache", mib(kv), n_ctx, o->kv == KV_F16 ? "f16" : "f32");
+    printf("%-18s", "KV bytes per cell");
+    for (int cell = 0; cell < KV_CELL_COUNT; cell++) {
+        struct kv_config k = kv_shape(o, hp, cell, n_ctx);
+        size_t b = kv_cell_bytes(&k);
+        printf(b ? " %s %zu" : " %s -", kv_cell_name(cell), b);
+    }
+    putchar('\n');
+    if (o->kv_mem > 0)
+        printf("%-18s %.1f MiB (%s, --kv-mem)\n", "KV cache", mib(kv), kv_cell_name(o->kv));
+    else
+        printf("%-18s %.1f MiB (%d cells, %s)\n", "KV cache", mib(kv), n_ctx, kv_cell_name(o->kv));
     printf("%-18s %.1f MiB (weights + KV cache)\n", "memory needed", mib(w + kv));
     model_free(m);
     return ferror(stdout) ? fail("error writing the output") : 0;
@@ -862,75 +928,168 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static int cmd_bench(struct opts *o)
+/* Fixed pseudo-random tokens: ids[0..n) from seed. */
+static void bench_tokens(int32_t *ids, int n, int V, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+}
+
+/* Evaluates ids[0..n) at pos and returns the milliseconds (< 0 on error). */
+static double bench_eval(struct model_ctx *c, const int32_t *ids, int n, int pos, float *logits)
 {
     char err[512];
+    double t0 = now_ms();
+    if (model_eval(c, 0, ids, n, pos, logits, 0, err, sizeof err) != 0) {
+        fail("%s", err);
+        return -1;
+    }
+    return now_ms() - t0;
+}
+
+/* The depth: d cells of sequence 0 filled with random K/V rows written
+ * straight into the pages (attention costs the same whatever the values,
+ * and evaluating a long context first would take minutes); on the GPU,
+ * whose pages are device memory, d evaluated tokens. */
+static int bench_fill(struct model_ctx *c, const struct model_hp *hp, const int32_t *ids, int d, float *logits)
+{
+    if (model_ctx_device(c) == MODEL_DEV_GPU)
+        return bench_eval(c, ids, d, 0, logits) < 0 ? -1 : 0;
+    enum { ROWS = 256 };
+    char err[512];
+    struct kv *kv = model_kv(c);
+    size_t ke = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    float *rows = malloc(2 * ROWS * ke * sizeof *rows);   /* K then V: (ROWS, K*E) each */
+    if (!rows)
+        return fail("out of memory");
+    uint64_t x = 0x243F6A8885A308D3ull;
+    for (size_t i = 0; i < 2 * ROWS * ke; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        rows[i] = (float)((double)(x >> 11) / 4503599627370496.0 - 1.0);
+    }
+    int rc = 0;
+    kv_truncate(kv, 0, kv_seq_len(kv, 0));
+    if (kv_append(kv, 0, NULL, d, err, sizeof err) != 0)
+        rc = fail("%s", err);
+    for (int l = 0; rc == 0 && l < hp->n_layer; l++)
+        for (int p = 0; rc == 0 && p < d; p += ROWS) {
+            int n = d - p < ROWS ? d - p : ROWS;
+            if (kv_store(kv, 0, l, p, n, rows, rows + ROWS * ke, err, sizeof err) != 0)
+                rc = fail("%s", err);
+        }
+    free(rows);
+    return rc;
+}
+
+/* Tests, each rep: a prompt of np tokens and ng decode steps after it,
+ * both after `depth` cells filled once (bench_fill); with --prefix, a prompt of `prefix` shared and
+ * np new tokens cold, then the same shared tokens with other new ones (the
+ * second reuses the first's pages). Every rep's prompts start with a token
+ * of their own, so that no rep shares the pages of another. */
+static int cmd_bench(struct opts *o)
+{
     int rc = 1;
     struct model *m = NULL;
     struct pool *pool = NULL;
     struct model_ctx *c = NULL;
-    int32_t *toks = NULL;
+    int32_t *fill = NULL, *toks = NULL, *pa = NULL, *pb = NULL;
     float *logits = NULL;
-    double *pp = NULL, *tg = NULL;
+    double *pp = NULL, *tg = NULL, *cold = NULL, *warm = NULL;
     if (load_model(o, &m, 0))
         return 1;
     const struct model_hp *hp = model_hp(m);
-    int V = hp->n_vocab, np = o->n_prompt, ng = o->n_predict, reps = o->reps;
-    if (np + ng < 1) {
+    int V = hp->n_vocab, np = o->n_prompt, ng = o->n_predict, reps = o->reps, d = o->depth, nx = o->prefix;
+    if (np + ng + nx < 1) {
         fail("bench: nothing to measure (-p 0 -n 0)");
         goto done;
     }
-    if (open_ctx(o, m, np + ng, &pool, &c))
+    int cells = d + np + ng;
+    if (nx + np > cells)
+        cells = nx + np;
+    if (open_ctx(o, m, cells + 1, &pool, &c))
         goto done;
-    toks = malloc(((size_t)np + (size_t)ng) * sizeof *toks);
+    fill = malloc(((size_t)d + 1) * sizeof *fill);
+    toks = malloc(((size_t)np + (size_t)ng + 1) * sizeof *toks);
+    pa = malloc(((size_t)nx + (size_t)np + 1) * sizeof *pa);
+    pb = malloc(((size_t)nx + (size_t)np + 1) * sizeof *pb);
     logits = malloc((size_t)V * sizeof *logits);
     pp = calloc((size_t)reps, sizeof *pp);
     tg = calloc((size_t)reps, sizeof *tg);
-    if (!toks || !logits || !pp || !tg) {
+    cold = calloc((size_t)reps, sizeof *cold);
+    warm = calloc((size_t)reps, sizeof *warm);
+    if (!fill || !toks || !pa || !pb || !logits || !pp || !tg || !cold || !warm) {
         fail("out of memory");
         goto done;
     }
-    uint64_t x = 0x9E3779B97F4A7C15ull; /* fixed pseudo-random tokens */
-    for (int i = 0; i < np + ng; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        toks[i] = (int32_t)(x % (uint64_t)V);
-    }
-    /* warm-up: page the weights in */
-    if (model_eval(c, toks, 1, 0, logits, 0, err, sizeof err) != 0) {
-        fail("%s", err);
+    bench_tokens(fill, d + 1, V, 0x2545F4914F6CDD1Dull);
+    bench_tokens(toks, np + ng + 1, V, 0x9E3779B97F4A7C15ull);
+    /* warm-up (pages the weights in), then the depth, once */
+    if (bench_eval(c, fill, 1, 0, logits) < 0 || (d > 0 && bench_fill(c, hp, fill, d, logits) != 0))
         goto done;
-    }
+    int reused = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_ms();
-        if (np > 0 && model_eval(c, toks, np, 0, logits, 0, err, sizeof err) != 0) {
-            fail("%s", err);
-            goto done;
-        }
-        double t1 = now_ms();
-        for (int i = 0; i < ng; i++) {
-            if (model_eval(c, toks + np + i, 1, np + i, logits, 0, err, sizeof err) != 0) {
-                fail("%s", err);
+        if (np > 0) {
+            toks[0] = (int32_t)((uint32_t)(r + 1) * 2654435761u % (uint32_t)V);
+            double ms = bench_eval(c, toks, np, d, logits);
+            if (ms < 0)
                 goto done;
-            }
+            pp[r] = np / (ms / 1e3);
         }
-        double t2 = now_ms();
-        pp[r] = np > 0 ? np / ((t1 - t0) / 1e3) : 0;
-        tg[r] = ng > 0 ? ng / ((t2 - t1) / 1e3) : 0;
+        double ms = 0;
+        for (int i = 0; i < ng; i++) {
+            double t = bench_eval(c, toks + np + i, 1, d + np + i, logits);
+            if (t < 0)
+                goto done;
+            ms += t;
+        }
+        tg[r] = ng > 0 ? ng / (ms / 1e3) : 0;
         fprintf(stderr, "rep %d: prompt %.1f tok/s, decode %.1f tok/s\n", r + 1, pp[r], tg[r]);
+    }
+    /* after the others: these prompts start at position 0, dropping the depth */
+    for (int r = 0; r < reps && nx > 0; r++) {
+        bench_tokens(pa, nx + np, V, 0xD1B54A32D192ED03ull + (uint64_t)r);
+        memcpy(pb, pa, (size_t)nx * sizeof *pb);
+        bench_tokens(pb + nx, np, V, 0x8CB92BA72F3D8DD7ull + (uint64_t)r);
+        if ((cold[r] = bench_eval(c, pa, nx + np, 0, logits)) < 0 ||
+            (warm[r] = bench_eval(c, pb, nx + np, 0, logits)) < 0)
+            goto done;
+        reused = model_last_reused(c);
+        fprintf(stderr, "rep %d: prefix cold %.1f ms, warm %.1f ms (%d reused)\n", r + 1, cold[r], warm[r], reused);
     }
     size_t bw_size;
     double bw = read_bandwidth(pool, &bw_size), dec = (double)model_decode_bytes(m);
-    double bound = bw > 0 && dec > 0 ? bw / dec : 0, tg_med = median(tg, reps);
+    /* each decode step also reads every cell it attends to, K twice with
+     * F16 cells (attn.c's reference mode takes a second pass over K) */
+    struct kv_stats st;
+    kv_stats(model_kv(c), &st);
+    double cell_reads = o->kv == KV_CELL_F16 ? 1.5 * st.cell_bytes : (double)st.cell_bytes;
+    double kv_dec = ng > 0 ? (d + np + (ng - 1) / 2.0 + 1) * cell_reads : 0;
+    double bound = bw > 0 && dec > 0 ? bw / (dec + kv_dec) : 0, tg_med = median(tg, reps);
     printf("%-14s %s (%s, %.1f MiB; decode reads %.1f MiB/token)\n", "model", o->model,
            arch_name(hp->arch), mib(model_weight_bytes(m)), mib((size_t)dec));
     printf("%-14s %d\n", "threads", o->threads);
+    printf("%-14s %s, %zu bytes per cell%s\n", "kv cache", kv_cell_name(o->kv), st.cell_bytes,
+           model_ctx_device(c) == MODEL_DEV_GPU ? ", on the GPU" : "");
+    if (d > 0)
+        printf("%-14s %d cells before each test (decode reads %.1f MiB/token of KV)\n", "depth", d,
+               mib((size_t)kv_dec));
     printf("%-14s %-8s %12s\n", "test", "tokens", "tok/s");
     if (np > 0)
         printf("%-14s %-8d %12.2f\n", "prompt", np, median(pp, reps));
     if (ng > 0)
         printf("%-14s %-8d %12.2f\n", "decode", ng, tg_med);
+    if (nx > 0) {
+        printf("%-14s %-8d %12.2f ms (all evaluated)\n", "prefix cold", nx + np, median(cold, reps));
+        printf("%-14s %-8d %12.2f ms (%d from the prefix cache)\n", "prefix warm", nx + np, median(warm, reps),
+               reused);
+    }
     printf("%-14s %.2f GB/s (read, %d threads, %.0f MiB buffer)\n", "bandwidth", bw / 1e9, o->threads,
            mib(bw_size));
     if (bound > 0) {
@@ -941,10 +1100,15 @@ static int cmd_bench(struct opts *o)
     fprintf(stderr, "medians of %d reps\n", reps);
     rc = ferror(stdout) ? fail("error writing the output") : 0;
 done:
+    free(fill);
     free(toks);
+    free(pa);
+    free(pb);
     free(logits);
     free(pp);
     free(tg);
+    free(cold);
+    free(warm);
     model_ctx_free(c);
     pool_free(pool);
     model_free(m);

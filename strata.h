@@ -326,37 +326,72 @@ struct model_weights {
 };
 
 struct model;        /* weights (pointing into the mapping), tokenizer, hyper-parameters */
-struct model_ctx;    /* one sequence: KV cache, scratch buffers */
+struct model_ctx;    /* a KV pool of sequences (kv.c), attention (attn.c), scratch buffers */
+struct kv;
 
-enum kv_type { KV_F16 = 0, KV_F32 = 1 };
+enum model_device { MODEL_DEV_AUTO, MODEL_DEV_CPU, MODEL_DEV_GPU };
+
+#define MODEL_CHUNK 512      /* default prompt tokens per forward chunk (--prefill-chunk) */
+
+/* What a context is made of; model_opts_default() fills it. */
+struct model_opts {
+    int n_ctx;           /* cells one sequence holds (<= 0 with kv_mem_mib: the whole pool) */
+    int kv_cell;         /* enum kv_cell */
+    int kv_mem_mib;      /* > 0: a pool of this many MiB; 0: n_seq sequences of n_ctx cells */
+    int n_seq;           /* sequence slots; sequence 0 exists from model_ctx_new */
+    int prefill_chunk;   /* prompt tokens per forward chunk */
+    int device;          /* enum model_device: AUTO is the GPU when one is usable */
+    int attn_split;      /* CPU decode attention: KV partitions (0: attn_split's choice) */
+    int f32ref;          /* float-reference mode (CPU only): weights dequantised to F32 on
+                            the fly, activations F32, as the reference engine computes on
+                            an F32 copy of the model (the *.f32ref goldens pair it with
+                            KV_CELL_F32) */
+};
 
 /* Maps the file, reads the {arch}.* hyper-parameters and binds every tensor
  * by name with its shape checked; a file without tokenizer.ggml.* metadata
  * loads with model_tok() == NULL (token ids only). */
 int model_load(struct model **m, const char *path, char *err, size_t errlen);
-void model_free(struct model *m);
+void model_free(struct model *m);   /* after every context of it */
 const struct model_hp *model_hp(const struct model *m);
 void model_weights(const struct model *m, struct model_weights *w);
 const struct tok *model_tok(const struct model *m);
 const struct gguf *model_gguf(const struct model *m);
 size_t model_weight_bytes(const struct model *m);        /* all tensors' bytes */
 size_t model_decode_bytes(const struct model *m);        /* bytes one decode step reads */
-/* n_ctx cells of KV (kv_type); every buffer evaluation needs is allocated
- * here. pool (NULL: the caller's thread only) may be shared by several
- * contexts that do not evaluate at the same time. */
-int model_ctx_new(struct model_ctx **c, struct model *m, int n_ctx, int kv_type,
+/* n_ctx 0, F16 cells, one sequence, MODEL_CHUNK, MODEL_DEV_AUTO, the
+ * automatic split, f32ref off. */
+struct model_opts model_opts_default(void);
+/* A context: the KV pool (kv_new with the model's shape and o's cells,
+ * memory and sequences) and, on the CPU, every buffer evaluation needs
+ * (nothing is allocated afterwards); on the GPU the model's weights are
+ * uploaded at the first GPU context and the pages live in device memory.
+ * pool (NULL: the caller's thread only) may be shared by several contexts
+ * that do not evaluate at the same time. */
+int model_ctx_new(struct model_ctx **c, struct model *m, const struct model_opts *o,
                   struct pool *pool, char *err, size_t errlen);
 void model_ctx_free(struct model_ctx *c);
-/* Evaluates tokens[0..n) at positions pos..pos+n-1 (earlier cells are kept,
- * later ones forgotten; pos <= the cells in use), in chunks of up to 512
- * tokens. logits: (n, V) if all_logits, else (V) for the last token; NULL to
- * skip the head. */
-int model_eval(struct model_ctx *c, const int32_t *tokens, int n, int pos,
+int model_ctx_device(const struct model_ctx *c);   /* MODEL_DEV_CPU or MODEL_DEV_GPU */
+/* The context's pool of sequences: kv_seq_new/fork/free/len and kv_stats
+ * on it make and inspect the sequences that model_eval takes. */
+struct kv *model_kv(struct model_ctx *c);
+/* Evaluates tokens[0..n) of sequence seq at positions pos..pos+n-1: the
+ * sequence is first cut to pos cells (pos <= its length), then grows by n,
+ * in chunks of prefill_chunk tokens. logits: (n, V) if all_logits, else (V)
+ * for the last token; NULL to skip the head. An empty sequence started at
+ * position 0 without all_logits first shares the cached pages that hold
+ * its leading tokens (kv_prefix) and evaluates only the rest; the logits
+ * are the same. On error (the pool exhausted, the context full) the
+ * sequence is left at pos cells and no other sequence is touched. */
+int model_eval(struct model_ctx *c, int seq, const int32_t *tokens, int n, int pos,
                float *logits, int all_logits, char *err, size_t errlen);
-/* Float-reference mode (off by default): weights are dequantised to F32 on
- * the fly and activations stay F32, as the reference engine computes on an
- * F32 copy of the model (the *.f32ref goldens pair it with KV_F32). */
-void model_ctx_set_f32ref(struct model_ctx *c, int on);
+/* Cells the last model_eval took from the prefix cache instead of computing. */
+int model_last_reused(const struct model_ctx *c);
+/* One token for each of n distinct sequences, each at its sequence's end,
+ * in one forward pass (each weight matrix read once for all n rows);
+ * logits (n, V). On error no sequence has changed. */
+int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *tokens, int n,
+                       float *logits, char *err, size_t errlen);
 
 /* ==== sample.c: samplers and log-probabilities ==== */
 
@@ -428,7 +463,9 @@ void chat_split(const char *text, size_t len, int final, struct chat_split *out)
 
 /* ==== sched.c: generation slots and their scheduler ==== */
 
-/* How a job ended (SCHED_RUNNING until it does). */
+/* How a job ended (SCHED_RUNNING until it does). SCHED_REFUSED: not served
+ * for want of resources (shutting down, the KV pool exhausted); its err
+ * says which. */
 enum sched_end { SCHED_RUNNING, SCHED_EOS, SCHED_LIMIT, SCHED_WORD, SCHED_CANCEL, SCHED_ERROR, SCHED_REFUSED };
 
 #define SCHED_MAX_STOPS 17
@@ -439,7 +476,7 @@ struct sched_req {
     struct sample_params sp;
     int n_predict;               /* < 0: until EOG or the context is full */
     int want_lp, n_top;          /* log-probability of each token; top entries per token */
-    int cache_prompt;            /* start from the longest prefix a free slot holds */
+    int cache_prompt;            /* share the cached KV pages of the prompt's longest prefix */
     const char *stop[SCHED_MAX_STOPS]; /* stop strings (the caller's), not part of the text */
     size_t stop_len[SCHED_MAX_STOPS];
     int n_stop;
@@ -458,7 +495,7 @@ struct sched_job {
     int n_ids, end, stop_word;   /* stop_word: the stop string that ended it (SCHED_WORD) */
     size_t text_len, ready;      /* ready: bytes that can be shown (complete UTF-8, no partial stop) */
     char err[256];               /* SCHED_ERROR / SCHED_REFUSED */
-    int slot, n_cached, n_past;  /* its slot; prompt ids reused from the slot's cache; ids in the cache */
+    int slot, n_cached, n_past;  /* its slot; prompt ids shared from the prefix cache; ids in its sequence */
     double t_start, t_prompt, t_end; /* monotonic seconds: first step, prompt evaluated, end */
     struct sched_job_priv *priv; /* sched.c's: sampler, queue link, wake-up */
 };
@@ -468,18 +505,31 @@ struct sched_view { int n_ids; size_t ready; int end, slot; };
 struct sched_stats {
     uint64_t prompt_tokens, gen_tokens;  /* prompt ids evaluated (cached ones not), ids generated */
     uint64_t n_steps, busy_slot_steps, n_tokens_max;
+    uint64_t decode_batches, decode_rows; /* batched decode passes; the tokens they evaluated */
     double prompt_s, decode_s;           /* seconds: prompt evaluation, generation */
     double prompt_rate, gen_rate;        /* tokens/s over the last 16 jobs */
     int processing, queued;
-    long kv_used, kv_cached, kv_total;   /* cells: of running jobs, kept in idle slots, all */
+    long kv_used, kv_cached, kv_total;   /* cells: of running jobs, of idle cached pages, the pool's */
+};
+
+struct sched_opts {
+    int n_slots;                 /* jobs generated at once (--parallel) */
+    int n_ctx;                   /* cells one job's sequence holds (-c) */
+    int kv_cell;                 /* enum kv_cell (--kv) */
+    int kv_mem_mib;              /* > 0: a pool of this many MiB shared by the slots (--kv-mem);
+                                    0: n_slots sequences of n_ctx cells */
+    int n_threads;
+    int prefill_chunk;           /* prompt tokens per step when no slot decodes; 0: MODEL_CHUNK */
+    int device;                  /* enum model_device */
 };
 
 struct sched;
-/* n_slots contexts of n_ctx cells on m (which must have a tokenizer), a pool
- * of n_threads shared by them, and the scheduler thread. */
-int sched_new(struct sched **s, struct model *m, int n_slots, int n_ctx, int kv_type, int n_threads,
-              char *err, size_t errlen);
-/* Stops the thread and frees the slots; no job may be queued or running. */
+/* One context on m (which must have a tokenizer) whose KV pool holds a
+ * sequence per slot, a pool of n_threads, and the scheduler thread. */
+int sched_new(struct sched **s, struct model *m, const struct sched_opts *o, char *err, size_t errlen);
+/* Cells one job's sequence holds: o->n_ctx, or less when --kv-mem's pool is smaller. */
+int sched_n_ctx(const struct sched *s);
+/* Stops the thread and frees the context; no job may be queued or running. */
 void sched_free(struct sched *s);
 /* A job for req (copied; its prompt and stop strings stay the caller's);
  * NULL when out of memory. Free it only before submitting or once ended. */

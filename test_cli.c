@@ -7,8 +7,10 @@
  * nothing else. With ../shared/testdata: tokenize against the golden
  * tokenization, generate --temp 0 against the golden greedy ids (exact up to
  * the first step whose reference margin is <= 0.05, the parity rule),
- * perplexity against the golden mean NLL (0.2%), and every --json stdout
- * parsed as exactly one JSON value by json.c.
+ * perplexity against the golden mean NLL (0.2%), every --json stdout
+ * parsed as exactly one JSON value by json.c, and the KV options (--kv
+ * formats and their bytes per cell, --kv-mem, --prefill-chunk, --device,
+ * bench's depth and prefix reuse, q4 refused for a head dim of 16).
  */
 #include "strata.h"
 #include "test.h"
@@ -502,6 +504,70 @@ static void case_info_bench(void)
     run_free(&r);
 }
 
+/* ---- KV cache options ---- */
+
+static void case_kv(void)
+{
+    if (!test_begin("cli/kv-options"))
+        return;
+    char mp[512];
+    const char *model = test_data("tiny-llama-spm-Q8_0.gguf", mp, sizeof mp);
+    if (!model)
+        return;
+    /* tiny-llama: 4 layers x 2 kv heads x K and V rows of 64 */
+    struct run r = run_cli((const char *[]){ "info", "-m", model, "-c", "1000", "--kv", "q4", NULL });
+    CHECK(r.status == 0 && strstr(r.out, "KV bytes per cell  f32 4096 f16 2048 int8 1088 q4 576 k8v4 832") &&
+          strstr(r.out, "(1000 cells, q4)"), "info: %s", r.out);
+    run_free(&r);
+    r = run_cli((const char *[]){ "generate", "-m", model, "-p", "Once upon a time", "-n", "4", "--temp", "0",
+                                  "--kv", "int8", "--prefill-chunk", "2", "--kv-mem", "1", NULL });
+    CHECK(r.status == 0 && r.out_len > 0 && strstr(r.err, "kv cache: int8 cells") && strstr(r.err, "1.0 MiB"),
+          "generate --kv int8: exit %d: %s", r.status, r.err);
+    run_free(&r);
+    r = run_cli((const char *[]){ "bench", "-m", model, "-p", "16", "-n", "4", "-r", "1", "-d", "64", "--prefix",
+                                  "128", "--kv", "k8v4", "--split", "2", NULL });
+    CHECK(r.status == 0 && strstr(r.out, "depth          64 cells") && strstr(r.out, "k8v4") &&
+          strstr(r.out, "prefix cold    144") && strstr(r.out, "(128 from the prefix cache)"), "bench: %s %s",
+          r.out, r.err);
+    run_free(&r);
+    expect_error((const char *[]){ "generate", "-m", model, "-p", "x", "--device", "tpu", NULL }, "--device");
+    expect_error((const char *[]){ "bench", "-m", model, "--split", "99", NULL }, "--split");
+    if (strcmp(gpu_backend(), "none") == 0)
+        expect_error((const char *[]){ "generate", "-m", model, "-p", "x", "--device", "cuda", NULL },
+                     "without a GPU backend");
+    expect_error((const char *[]){ "generate", "-m", model, "-p", "x", "--kv-mem", "0", NULL }, "--kv-mem");
+    /* a pool too small for the prompt: 1 MiB of f32 cells is 256 cells */
+    char big[4096];
+    size_t n = 0;
+    while (n + 8 < sizeof big) {
+        memcpy(big + n, "hello w ", 8);
+        n += 8;
+    }
+    big[n] = 0;
+    r = run_cli((const char *[]){ "generate", "-m", model, "-p", big, "-c", "4096", "--kv", "f32", "--kv-mem", "1",
+                                  NULL });
+    CHECK(r.status == 1 && r.out_len == 0 && strstr(r.err, "256 per sequence") && strstr(r.err, "exceed 256 cells"),
+          "a prompt past the pool: exit %d: %s", r.status, r.err);
+    run_free(&r);
+
+    /* Q4_0 blocks need a head dim that is a multiple of 32: a model with 16 */
+    const char *small = "/tmp/strata-cli-e16.gguf";
+    r = run_cli((const char *[]){ "synth", "--arch", "llama", "--set", "n_vocab=64", "--set", "n_embd=64", "--set",
+                                  "n_layer=1", "--set", "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=16",
+                                  "--set", "n_ff=64", "--type", "q8_0", "-o", small, NULL });
+    if (CHECK(r.status == 0, "synth: %s", r.err)) {
+        for (int k = 0; k < 2; k++)
+            expect_error((const char *[]){ "bench", "-m", small, "-p", "4", "-n", "1", "-r", "1", "--kv",
+                                           k ? "k8v4" : "q4", NULL }, "not a multiple of 32");
+        struct run ok = run_cli((const char *[]){ "bench", "-m", small, "-p", "4", "-n", "1", "-r", "1", "--kv",
+                                                  "int8", NULL });
+        CHECK(ok.status == 0, "bench --kv int8 on head dim 16: %s", ok.err);
+        run_free(&ok);
+    }
+    run_free(&r);
+    unlink(small);
+}
+
 void test_cli(void)
 {
     case_errors();
@@ -509,4 +575,5 @@ void test_cli(void)
     case_generate();
     case_perplexity();
     case_info_bench();
+    case_kv();
 }

@@ -12,7 +12,12 @@
  * the exact ids and values of `strata generate --temp 0`, SSE framing,
  * /metrics counters, keep-alive and pipelining, parallel slots against serial
  * runs, a load of 16 clients with some leaving mid-stream, Python's
- * http.client and curl as independent clients, and SIGTERM → exit 0.
+ * http.client and curl as independent clients, and SIGTERM → exit 0. With
+ * node and the npm packages `.ci/run` puts in build/npm (they skip without):
+ * the official OpenAI Node client (test_openai.mjs) and the chat page in
+ * headless Chromium (test_chat_page.mjs), their texts compared with the
+ * server's direct answers. /health's 503 while loading uses http.c's
+ * STRATA_TEST_LOAD_DELAY_MS hook.
  */
 #include "strata.h"
 #include "test.h"
@@ -506,8 +511,8 @@ static const char *strata_bin(void)
     return b && *b ? b : "./strata";
 }
 
-/* Starts strata serve with extra args and waits until /health says ok. */
-static int server_start(struct server_proc *sp, const char *const *args)
+/* Starts strata serve with extra args; server_wait follows. */
+static int server_spawn(struct server_proc *sp, const char *const *args)
 {
     snprintf(sp->log, sizeof sp->log, "/tmp/strata-http-XXXXXX");
     int lf = mkstemp(sp->log);
@@ -538,15 +543,21 @@ static int server_start(struct server_proc *sp, const char *const *args)
     }
     close(lf);
     sp->port = 0;
+    return 0;
+}
+
+/* Waits until the server listens (ready_too: and has said it is ready). */
+static int server_wait(struct server_proc *sp, int ready_too)
+{
     for (int tries = 0; tries < 400; tries++) {
         size_t len;
         char *log = test_read_file(sp->log, &len);
         const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
-        if (p)
+        if (p && strchr(p, '\n')) /* the whole line */
             sp->port = atoi(p + strlen("listening on http://127.0.0.1:"));
         int ready = log && strstr(log, "strata serve: ready");
         free(log);
-        if (ready && sp->port > 0)
+        if ((ready || !ready_too) && sp->port > 0)
             return 0;
         int st;
         if (waitpid(sp->pid, &st, WNOHANG) == sp->pid) {
@@ -556,6 +567,12 @@ static int server_start(struct server_proc *sp, const char *const *args)
         usleep(25000);
     }
     return -1;
+}
+
+/* Starts strata serve with extra args and waits until it is ready. */
+static int server_start(struct server_proc *sp, const char *const *args)
+{
+    return server_spawn(sp, args) == 0 ? server_wait(sp, 1) : -1;
 }
 
 /* SIGTERM; the exit status, or -1 if it did not exit within 20 s. */
@@ -1462,6 +1479,408 @@ static void case_real_clients(struct shared *sh)
     }
 }
 
+/* The string at a path of keys and array indices ("0" picks an element). */
+static const struct json *json_path(const struct json *j, const char *const *keys)
+{
+    for (; j && *keys; keys++) {
+        if (j->kind == JSON_ARR)
+            j = (size_t)atoi(*keys) < j->len ? &j->items[atoi(*keys)] : NULL;
+        else
+            j = json_get(j, *keys);
+    }
+    return j;
+}
+
+static int same_str(const struct json *a, const struct json *b)
+{
+    return a && b && a->kind == JSON_STR && b->kind == JSON_STR && a->len == b->len && memcmp(a->str, b->str, a->len) == 0;
+}
+
+/* The official OpenAI Node client (test_openai.mjs, from build/npm) checks
+ * its own view of the answers; its greedy texts and log-probabilities must
+ * be the ones the server gives for the same requests made directly. */
+static void case_openai_node(struct shared *sh)
+{
+    int port;
+    if (!test_begin("http/openai-node-client") || (port = shared_port(sh)) < 0)
+        return;
+    if (run_cmd("command -v node >/dev/null 2>&1") != 0) {
+        test_skip("no node");
+        return;
+    }
+    if (access("build/npm/node_modules/openai/package.json", R_OK) != 0) {
+        test_skip("no openai package (npm install --prefix build/npm openai)");
+        return;
+    }
+    char out[] = "/tmp/strata-http-node-XXXXXX";
+    int fd = mkstemp(out);
+    if (fd < 0)
+        return;
+    close(fd);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "STRATA_NPM=build/npm node test_openai.mjs %d > %s", port, out);
+    int rc = run_cmd(cmd);
+    size_t len = 0;
+    char *text = test_read_file(out, &len);
+    unlink(out);
+    struct json got;
+    char err[128];
+    if (!CHECK(rc == 0 && text, "node test_openai.mjs exited %d (its error is above)", rc) ||
+        !CHECK(json_parse(&got, text, len, err, sizeof err) == 0, "its output: %s", text)) {
+        free(text);
+        return;
+    }
+    struct resp r;
+    struct json j;
+    const char *chat_body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":12,"
+                            "\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}";
+    if (CHECK(request(port, "POST", "/v1/chat/completions", chat_body, NULL, &r) == 200, "direct chat: %d", r.status) &&
+        CHECK(json_parse(&j, r.body, r.body_len, err, sizeof err) == 0, "direct chat JSON")) {
+        const char *content[] = { "choices", "0", "message", "content", NULL };
+        const char *lps[] = { "choices", "0", "logprobs", "content", NULL };
+        CHECK(same_str(json_path(&j, content), json_get(&got, "chat")), "the client's chat text differs: %s", text);
+        const struct json *want = json_path(&j, lps), *have = json_get(&got, "logprobs");
+        int same = want && have && want->kind == JSON_ARR && have->kind == JSON_ARR && want->len == have->len &&
+                   want->len > 0;
+        double maxd = 0;
+        for (size_t i = 0; same && i < want->len; i++) {
+            const struct json *w = json_get(&want->items[i], "logprob");
+            same = w && have->items[i].kind == JSON_NUM;
+            if (same && fabs(w->num - have->items[i].num) > maxd)
+                maxd = fabs(w->num - have->items[i].num);
+        }
+        printf("  log-probabilities through the client: max abs difference %.3g\n", maxd);
+        CHECK(same && maxd == 0, "the client's log-probabilities differ (max %.3g)", maxd);
+        json_free(&j);
+    }
+    resp_free(&r);
+    const char *cmpl_body =
+        "{\"model\":\"m\",\"prompt\":\"It was a cold morning in November, and\",\"max_tokens\":12,\"temperature\":0}";
+    if (CHECK(request(port, "POST", "/v1/completions", cmpl_body, NULL, &r) == 200, "direct completion: %d", r.status) &&
+        CHECK(json_parse(&j, r.body, r.body_len, err, sizeof err) == 0, "direct completion JSON")) {
+        const char *txt[] = { "choices", "0", "text", NULL };
+        CHECK(same_str(json_path(&j, txt), json_get(&got, "completion")), "the client's completion differs: %s", text);
+        json_free(&j);
+    }
+    resp_free(&r);
+    if (CHECK(request(port, "GET", "/v1/models", NULL, NULL, &r) == 200, "direct models: %d", r.status) &&
+        CHECK(json_parse(&j, r.body, r.body_len, err, sizeof err) == 0, "direct models JSON")) {
+        const char *id[] = { "data", "0", "id", NULL };
+        CHECK(same_str(json_path(&j, id), json_get(&got, "model")), "the client's model id differs: %s", text);
+        json_free(&j);
+    }
+    resp_free(&r);
+    json_free(&got);
+    free(text);
+}
+
+/* The chat page in headless Chromium (test_chat_page.mjs, puppeteer-core from
+ * build/npm): a message typed and sent; the streamed reply the page renders
+ * must be the server's greedy answer (--temp 0: the page sends no sampling
+ * fields) to the same message. */
+static void case_chat_page(void)
+{
+    if (!test_begin("http/chat-page-chromium") || !have_binary())
+        return;
+    const char *chromium = getenv("CHROMIUM") ? getenv("CHROMIUM") : "/usr/bin/chromium";
+    if (run_cmd("command -v node >/dev/null 2>&1") != 0 || access(chromium, X_OK) != 0 ||
+        access("build/npm/node_modules/puppeteer-core/package.json", R_OK) != 0) {
+        test_skip("needs node, chromium and puppeteer-core in build/npm");
+        return;
+    }
+    struct server_proc sp;
+    memset(&sp, 0, sizeof sp);
+    const char *args[] = { "--parallel", "1", "--temp", "0", "--max-tokens", "16", NULL };
+    if (!CHECK(server_start(&sp, args) == 0, "strata serve did not become ready")) {
+        server_stop(&sp);
+        return;
+    }
+    char out[] = "/tmp/strata-http-page-XXXXXX";
+    int fd = mkstemp(out);
+    if (fd >= 0)
+        close(fd);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "STRATA_NPM=build/npm node test_chat_page.mjs %d 'Hello there' > %s", sp.port, out);
+    int rc = fd >= 0 ? run_cmd(cmd) : -1;
+    size_t len = 0;
+    char *text = test_read_file(out, &len);
+    unlink(out);
+    if (text)
+        len = strcspn(text, "\n"), text[len] = 0; /* its one line */
+    struct json got, j;
+    char err[128];
+    struct resp r;
+    if (CHECK(rc == 0 && text, "node test_chat_page.mjs exited %d (its error is above)", rc) &&
+        CHECK(json_parse(&got, text, len, err, sizeof err) == 0, "its output: %s", text)) {
+        const struct json *upd = json_get(&got, "updates"), *stats = json_get(&got, "stats");
+        printf("  the page: %s\n", text);
+        CHECK(upd && upd->kind == JSON_NUM && upd->num >= 1, "the reply was never rendered");
+        CHECK(stats && stats->kind == JSON_STR && strstr(stats->str, "16 tokens"), "the tokens/s line");
+        const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}]}";
+        if (CHECK(request(sp.port, "POST", "/v1/chat/completions", body, NULL, &r) == 200, "direct chat: %d",
+                  r.status) &&
+            CHECK(json_parse(&j, r.body, r.body_len, err, sizeof err) == 0, "direct chat JSON")) {
+            const char *content[] = { "choices", "0", "message", "content", NULL };
+            CHECK(same_str(json_path(&j, content), json_get(&got, "reply")), "the page's reply differs: %s", r.body);
+            json_free(&j);
+        }
+        resp_free(&r);
+        json_free(&got);
+    }
+    free(text);
+    CHECK(server_stop(&sp) == 0, "exit status after SIGTERM");
+}
+
+/* While the model loads (slowed by http.c's test hook) the server listens and
+ * /health answers 503 with an OpenAI-style error; once loaded, 200. */
+static void case_loading(void)
+{
+    if (!test_begin("http/health-503-while-loading") || !have_binary())
+        return;
+    struct server_proc sp;
+    memset(&sp, 0, sizeof sp);
+    const char *args[] = { "--parallel", "1", NULL };
+    setenv("STRATA_TEST_LOAD_DELAY_MS", "1500", 1);
+    int rc = server_spawn(&sp, args);
+    unsetenv("STRATA_TEST_LOAD_DELAY_MS");
+    if (!CHECK(rc == 0 && server_wait(&sp, 0) == 0, "strata serve did not start listening")) {
+        server_stop(&sp);
+        return;
+    }
+    struct resp r;
+    char type[64];
+    int st = request(sp.port, "GET", "/health", NULL, NULL, &r);
+    CHECK(st == 503 && strcmp(error_type_of(&r, type, sizeof type), "unavailable_error") == 0 && r.body &&
+              strstr(r.body, "Loading model"),
+          "/health while loading: %d %s", st, r.body ? r.body : "");
+    resp_free(&r);
+    st = request(sp.port, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1}", NULL, &r);
+    CHECK(st == 503 && strcmp(error_type_of(&r, type, sizeof type), "unavailable_error") == 0,
+          "a completion while loading: %d", st);
+    resp_free(&r);
+    int n503 = 0;
+    for (int tries = 0; tries < 800; tries++) {
+        st = request(sp.port, "GET", "/health", NULL, NULL, &r);
+        resp_free(&r);
+        if (st != 503)
+            break;
+        n503++;
+        usleep(25000);
+    }
+    printf("  /health answered 503 %d more times, then %d\n", n503, st);
+    CHECK(st == 200, "/health after loading: %d", st);
+    CHECK(server_wait(&sp, 1) == 0, "the log says ready");
+    CHECK(server_stop(&sp) == 0, "exit status after SIGTERM");
+}
+
+/* ==== parallel slots: batched decode, prefix reuse, an exhausted pool ==== */
+
+struct bat_arg {
+    int port, status;
+    const char *body;
+    struct resp r;
+};
+
+static void *bat_client(void *p)
+{
+    struct bat_arg *a = p;
+    a->status = request(a->port, "POST", "/completion", a->body, NULL, &a->r);
+    return NULL;
+}
+
+/* What a /completion answer says: its ids, timings, or its error message. */
+struct bat_out {
+    int32_t ids[320];
+    int n_ids, prompt_n, cache_n, evaluated, predicted;
+    char msg[256];
+};
+
+static int bat_parse(const struct resp *r, struct bat_out *o)
+{
+    struct json j;
+    char err[128];
+    memset(o, 0, sizeof *o);
+    o->n_ids = o->prompt_n = o->cache_n = o->evaluated = o->predicted = -1;
+    if (!r->body || json_parse(&j, r->body, r->body_len, err, sizeof err) != 0)
+        return -1;
+    const struct json *t = json_get(&j, "timings"), *m = json_get(json_get(&j, "error"), "message");
+    const struct json *pn = json_get(t, "prompt_n"), *cn = json_get(t, "cache_n");
+    const struct json *ev = json_get(&j, "tokens_evaluated"), *pr = json_get(&j, "tokens_predicted");
+    o->n_ids = json_ids(&j, "tokens", o->ids, 320);
+    o->prompt_n = pn ? (int)pn->num : -1;
+    o->cache_n = cn ? (int)cn->num : -1;
+    o->evaluated = ev ? (int)ev->num : -1;
+    o->predicted = pr ? (int)pr->num : -1;
+    if (m && m->kind == JSON_STR)
+        snprintf(o->msg, sizeof o->msg, "%s", m->str);
+    json_free(&j);
+    return 0;
+}
+
+static int same_ids(const struct bat_out *a, const struct bat_out *b)
+{
+    return a->n_ids > 0 && a->n_ids == b->n_ids && memcmp(a->ids, b->ids, (size_t)a->n_ids * sizeof *a->ids) == 0;
+}
+
+/* The batching cases' server: 4 slots (started by the first case that runs). */
+static int slots_port(struct shared *ss)
+{
+    if (!have_binary())
+        return -1;
+    if (!ss->tried) {
+        const char *args[] = { "--parallel", "4", NULL };
+        ss->tried = 1;
+        ss->ok = server_start(&ss->sp, args) == 0;
+    }
+    if (!CHECK(ss->ok, "strata serve --parallel 4 did not become ready"))
+        return -1;
+    return ss->sp.port;
+}
+
+/* Four greedy requests at once give the ids they give one at a time: with
+ * at most 4 rows a batched decode pass is bit-identical to single steps on
+ * the Q8_0 demo model (test_model.c's model/decode batch case says why). */
+static void case_batched(struct shared *ss)
+{
+    if (!test_begin("http/batched-decode-equals-single"))
+        return;
+    int port = slots_port(ss);
+    if (port < 0)
+        return;
+    static const char *const prompts[4] = { "The morning was", "Mr. Darcy said", "She walked into the", "Chapter 3." };
+    enum { NP = 4, N = 40 };
+    char body[NP][256];
+    struct bat_arg a[NP];
+    struct bat_out one[NP], many[NP];
+    pthread_t th[NP];
+    for (int i = 0; i < NP; i++) {
+        snprintf(body[i], sizeof body[i], "{\"prompt\":\"%s\",\"n_predict\":%d,\"temperature\":0}", prompts[i], N);
+        a[i] = (struct bat_arg){ .port = port, .body = body[i] };
+        bat_client(&a[i]);
+        CHECK(a[i].status == 200 && bat_parse(&a[i].r, &one[i]) == 0 && one[i].n_ids == N, "alone %d: status %d",
+              i, a[i].status);
+        resp_free(&a[i].r);
+    }
+    double s0 = metric(port, "strata_decode_steps_total"), r0 = metric(port, "strata_batch_rows_total");
+    for (int i = 0; i < NP; i++) {
+        a[i] = (struct bat_arg){ .port = port, .body = body[i] };
+        pthread_create(&th[i], NULL, bat_client, &a[i]);
+    }
+    for (int i = 0; i < NP; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(a[i].status == 200 && bat_parse(&a[i].r, &many[i]) == 0 && same_ids(&many[i], &one[i]),
+              "request %d at once (status %d): its ids differ from the same request alone", i, a[i].status);
+        resp_free(&a[i].r);
+    }
+    double steps = metric(port, "strata_decode_steps_total") - s0, rows = metric(port, "strata_batch_rows_total") - r0;
+    printf("     %d requests at once: %g tokens in %g decode passes (%.2f rows per pass)\n", NP, rows, steps,
+           steps > 0 ? rows / steps : 0);
+    /* every token but each request's last is evaluated, in passes of up to 4 rows */
+    CHECK(rows == NP * (N - 1), "batch rows moved by %g, want %d", rows, NP * (N - 1));
+    CHECK(steps > 0 && rows / steps >= 1.5, "%g rows in %g passes: the requests were not batched", rows, steps);
+}
+
+/* A prompt sharing a long prefix with an earlier one evaluates only the rest
+ * (timings.prompt_n) and gives the ids it gives without the cache. */
+static void case_prefix_reuse(struct shared *ss)
+{
+    if (!test_begin("http/prompt-prefix-reuse"))
+        return;
+    int port = slots_port(ss);
+    if (port < 0)
+        return;
+    static const char head[] =
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+        "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
+        "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
+        "considered as the rightful property of some one or other of their daughters. My dear Mr. Bennet, said "
+        "his lady to him one day, have you heard that Netherfield Park is let at last? Mr. Bennet replied that he "
+        "had not. But it is, returned she; for Mrs. Long has just been here, and she told me all about it.";
+    static const char *const tails[3] = { " Then", " And so", " And so" };
+    static const char *const cache[3] = { "true", "false", "true" };
+    char body[3][1024];
+    struct bat_out o[3];
+    double p0 = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(body[i], sizeof body[i], "{\"prompt\":\"%s%s\",\"n_predict\":24,\"temperature\":0,\"cache_prompt\":%s}",
+                 head, tails[i], cache[i]);
+        struct bat_arg a = { .port = port, .body = body[i] };
+        if (i == 2)
+            p0 = metric(port, "strata_prompt_tokens_total");
+        bat_client(&a);
+        CHECK(a.status == 200 && bat_parse(&a.r, &o[i]) == 0 && o[i].n_ids == 24, "request %d: status %d", i,
+              a.status);
+        resp_free(&a.r);
+    }
+    printf("     prompt of %d ids: %d evaluated without the cache, %d with it (%d cached)\n", o[1].evaluated,
+           o[1].prompt_n, o[2].prompt_n, o[2].cache_n);
+    CHECK(o[1].evaluated > 128 && o[1].prompt_n == o[1].evaluated && o[1].cache_n == 0,
+          "cache_prompt false: %d of %d prompt ids evaluated, %d cached", o[1].prompt_n, o[1].evaluated, o[1].cache_n);
+    CHECK(o[2].cache_n >= 128 && o[2].cache_n % 64 == 0 && o[2].prompt_n + o[2].cache_n == o[2].evaluated &&
+              o[2].prompt_n < o[1].prompt_n,
+          "the shared prefix: %d evaluated + %d cached of %d", o[2].prompt_n, o[2].cache_n, o[2].evaluated);
+    CHECK(metric(port, "strata_prompt_tokens_total") - p0 == o[2].prompt_n, "prompt tokens counted: the evaluated ones");
+    CHECK(same_ids(&o[2], &o[1]), "the ids with the cached prefix differ from those without");
+}
+
+/* A pool too small for two long requests fails one of them (503, naming the
+ * KV cache); the other runs to its end and the server keeps serving. */
+static void case_kv_exhausted(void)
+{
+    if (!test_begin("http/kv-pool-exhausted") || !have_binary())
+        return;
+    struct server_proc sp;
+    /* 1 MiB of f16 cells of the demo model (3 KiB each): 5 pages of 64, one sequence's worth */
+    const char *args[] = { "--parallel", "2", "--kv-mem", "1", NULL };
+    if (!CHECK(server_start(&sp, args) == 0, "strata serve --kv-mem 1 did not become ready"))
+        return;
+    int port = sp.port;
+    CHECK(metric(port, "strata_kv_cells_total") == 320, "kv cells total %g, want 5 pages of 64",
+          metric(port, "strata_kv_cells_total"));
+    const char *body[2] = { "{\"prompt\":\"Chapter 1. The\",\"n_predict\":300,\"temperature\":0}",
+                            "{\"prompt\":\"Chapter 2. The\",\"n_predict\":300,\"temperature\":0}" };
+    struct bat_arg a[2];
+    struct bat_out o[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        a[i] = (struct bat_arg){ .port = port, .body = body[i] };
+        pthread_create(&th[i], NULL, bat_client, &a[i]);
+    }
+    int ok = 0, full = 0;
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        bat_parse(&a[i].r, &o[i]);
+        if (a[i].status == 200 && o[i].predicted == 300)
+            ok++;
+        else if (a[i].status == 503 && strstr(o[i].msg, "KV cache"))
+            full++;
+        else
+            CHECK(0, "request %d: status %d, %d tokens, '%s'", i, a[i].status, o[i].predicted, o[i].msg);
+        resp_free(&a[i].r);
+    }
+    CHECK(ok == 1 && full == 1, "%d ran to the end, %d refused for the KV cache", ok, full);
+    struct resp r;
+    CHECK(request(port, "POST", "/completion", "{\"prompt\":\"Hello\",\"n_predict\":8}", NULL, &r) == 200,
+          "a request after the refusal");
+    resp_free(&r);
+    double used = -1;
+    for (int tries = 0; tries < 100 && (used = metric(port, "strata_kv_cells_used")) != 0; tries++)
+        usleep(20000);
+    CHECK(used == 0, "kv cells used %g after the requests", used);
+    CHECK(server_stop(&sp) == 0, "exit status");
+}
+
+static void test_slots(void)
+{
+    struct shared ss;
+    memset(&ss, 0, sizeof ss);
+    case_batched(&ss);
+    case_prefix_reuse(&ss);
+    if (ss.ok && ss.sp.pid > 0)
+        server_stop(&ss.sp);
+    case_kv_exhausted();
+}
+
 static void test_server(void)
 {
     struct shared sh;
@@ -1477,6 +1896,7 @@ static void test_server(void)
     case_load(&sh);
     case_metrics(&sh);
     case_real_clients(&sh);
+    case_openai_node(&sh);
     int port;
     if (test_begin("http/sigterm") && (port = shared_port(&sh)) >= 0) {
         struct resp r;
@@ -1499,6 +1919,9 @@ static void test_server(void)
     if (sh.ok && sh.sp.pid > 0)
         server_stop(&sh.sp);
     case_auth_and_conns();
+    case_loading();
+    case_chat_page();
+    test_slots();
 }
 
 void test_http(void)

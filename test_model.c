@@ -10,6 +10,9 @@
  * (b) Parity with the reference engine's goldens in ../shared/testdata: free-
  *     running greedy generation and perplexity (README's rules), exact mode
  *     against *.golden.json, float-reference mode against *.f32ref.golden.json.
+ * (c) Sequences of one context's KV pool: a decode batch against single
+ *     decode steps, a prompt reusing cached pages against a full evaluation,
+ *     an exhausted pool failing one request and leaving the others intact.
  * Also: load errors name the key/tensor, and the pool runs every index once.
  */
 #include "strata.h"
@@ -460,9 +463,20 @@ static void ref_forward(const struct rm *m, const struct ref_mode *md, const int
     free(g), free(u), free(s), free(y), free(rl);
 }
 
+/* A context on the CPU, whose numerics these tests pin down. */
+static struct model_opts cpu_opts(int n_ctx, int kv_cell, int f32ref)
+{
+    struct model_opts o = model_opts_default();
+    o.n_ctx = n_ctx;
+    o.kv_cell = kv_cell;
+    o.f32ref = f32ref;
+    o.device = MODEL_DEV_CPU;
+    return o;
+}
+
 /* Runs the engine on a prompt of N tokens (all logits) and then n_dec single
  * decode steps, comparing every row with the reference. */
-static void check_random_model(const char *name, const struct rm_cfg *cfg, int kv_type, int f32ref,
+static void check_random_model(const char *name, const struct rm_cfg *cfg, int kv_cell, int f32ref,
                                int N, int n_dec, double tol, int n_threads)
 {
     if (!test_begin(name))
@@ -477,15 +491,14 @@ static void check_random_model(const char *name, const struct rm_cfg *cfg, int k
     struct model *mod = NULL;
     struct model_ctx *ctx = NULL;
     struct pool *pool = pool_new(n_threads);
+    struct model_opts mo = cpu_opts(N + n_dec + 8, kv_cell, f32ref);
     if (!CHECK(model_load(&mod, m.path, err, sizeof err) == 0, "load: %s", err) ||
-        !CHECK(model_ctx_new(&ctx, mod, N + n_dec + 8, kv_type, pool, err, sizeof err) == 0,
-               "ctx: %s", err)) {
+        !CHECK(model_ctx_new(&ctx, mod, &mo, pool, err, sizeof err) == 0, "ctx: %s", err)) {
         model_free(mod);
         pool_free(pool);
         rm_free(&m);
         return;
     }
-    model_ctx_set_f32ref(ctx, f32ref);
     int V = cfg->V, total = N + n_dec;
     int32_t *tok = malloc((size_t)total * sizeof *tok);
     unsigned seed = 777u;
@@ -493,12 +506,12 @@ static void check_random_model(const char *name, const struct rm_cfg *cfg, int k
         tok[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
     float *lg = malloc((size_t)total * V * sizeof(float));
     double *ref = malloc((size_t)total * V * sizeof(double));
-    struct ref_mode md = {kv_type == KV_F16, !f32ref};
+    struct ref_mode md = {kv_cell == KV_CELL_F16, !f32ref};
     ref_forward(&m, &md, tok, total, ref);
 
-    int ok = CHECK(model_eval(ctx, tok, N, 0, lg, 1, err, sizeof err) == 0, "eval: %s", err);
+    int ok = CHECK(model_eval(ctx, 0, tok, N, 0, lg, 1, err, sizeof err) == 0, "eval: %s", err);
     for (int i = 0; ok && i < n_dec; i++)
-        ok = CHECK(model_eval(ctx, tok + N + i, 1, N + i, lg + (size_t)(N + i) * V, 0, err,
+        ok = CHECK(model_eval(ctx, 0, tok + N + i, 1, N + i, lg + (size_t)(N + i) * V, 0, err,
                               sizeof err) == 0, "decode: %s", err);
     if (ok) {
         double mx = 0, se = 0, sr = 0;
@@ -513,7 +526,7 @@ static void check_random_model(const char *name, const struct rm_cfg *cfg, int k
         CHECK(mx <= tol * scale, "max abs error %.3e above %.1e x logit rms %.3f", mx, tol, scale);
         /* re-evaluating the last step at the same position gives the same row */
         float *again = malloc((size_t)V * sizeof(float));
-        if (n_dec > 0 && model_eval(ctx, tok + total - 1, 1, total - 1, again, 0, err, sizeof err) == 0)
+        if (n_dec > 0 && model_eval(ctx, 0, tok + total - 1, 1, total - 1, again, 0, err, sizeof err) == 0)
             CHECK(memcmp(again, lg + (size_t)(total - 1) * V, (size_t)V * sizeof(float)) == 0,
                   "rewinding one position changed the logits");
         free(again);
@@ -549,22 +562,234 @@ static void test_random_models(void)
     q8moe.wtype = QT_Q8_0;
 
     /* float mode: only summation order differs from FP64 */
-    check_random_model("model/fp64 llama f32 (NORM rope, GQA)", &llama, KV_F32, 1, 23, 3, 1e-4, 2);
-    check_random_model("model/fp64 llama f32 rope_freqs, untied", &llama_ff, KV_F32, 1, 17, 2, 1e-4, 1);
-    check_random_model("model/fp64 qwen2 f32 (biases, NEOX)", &qwen2, KV_F32, 1, 19, 3, 1e-4, 2);
-    check_random_model("model/fp64 qwen3 f32 (QK norm, partial rope)", &qwen3, KV_F32, 1, 21, 3, 1e-4, 2);
-    check_random_model("model/fp64 qwen3moe f32 (router, top-k)", &moe, KV_F32, 1, 29, 3, 1e-4, 2);
+    check_random_model("model/fp64 llama f32 (NORM rope, GQA)", &llama, KV_CELL_F32, 1, 23, 3, 1e-4, 2);
+    check_random_model("model/fp64 llama f32 rope_freqs, untied", &llama_ff, KV_CELL_F32, 1, 17, 2, 1e-4, 1);
+    check_random_model("model/fp64 qwen2 f32 (biases, NEOX)", &qwen2, KV_CELL_F32, 1, 19, 3, 1e-4, 2);
+    check_random_model("model/fp64 qwen3 f32 (QK norm, partial rope)", &qwen3, KV_CELL_F32, 1, 21, 3, 1e-4, 2);
+    check_random_model("model/fp64 qwen3moe f32 (router, top-k)", &moe, KV_CELL_F32, 1, 29, 3, 1e-4, 2);
     /* the reference engine's path: F16 cells and rounded Q/P, quantised
      * activations; the FP64 side applies the same roundings */
-    check_random_model("model/fp64 llama kv f16", &llama, KV_F16, 0, 23, 3, 1e-3, 2);
-    check_random_model("model/fp64 qwen3 kv f16", &qwen3, KV_F16, 0, 21, 3, 1e-3, 2);
-    check_random_model("model/fp64 llama Q8_0 act quant", &q8, KV_F16, 0, 23, 3, 3e-3, 2);
-    check_random_model("model/fp64 qwen3moe Q8_0 act quant", &q8moe, KV_F16, 0, 25, 3, 3e-3, 2);
-    check_random_model("model/fp64 llama Q8_0 float mode", &q8, KV_F32, 1, 23, 3, 1e-4, 2);
+    check_random_model("model/fp64 llama kv f16", &llama, KV_CELL_F16, 0, 23, 3, 1e-3, 2);
+    check_random_model("model/fp64 qwen3 kv f16", &qwen3, KV_CELL_F16, 0, 21, 3, 1e-3, 2);
+    check_random_model("model/fp64 llama Q8_0 act quant", &q8, KV_CELL_F16, 0, 23, 3, 3e-3, 2);
+    check_random_model("model/fp64 qwen3moe Q8_0 act quant", &q8moe, KV_CELL_F16, 0, 25, 3, 3e-3, 2);
+    check_random_model("model/fp64 llama Q8_0 float mode", &q8, KV_CELL_F32, 1, 23, 3, 1e-4, 2);
     /* a prompt longer than one chunk (512 tokens) */
     struct rm_cfg small = rm_llama;
     small.L = 1;
-    check_random_model("model/fp64 llama 530-token prompt (2 chunks)", &small, KV_F32, 1, 530, 2, 1e-4, 2);
+    check_random_model("model/fp64 llama 530-token prompt (2 chunks)", &small, KV_CELL_F32, 1, 530, 2, 1e-4, 2);
+}
+
+/* ==== sequences: decode batches, prefix reuse, an exhausted pool ==== */
+
+struct seq_env {
+    struct rm m;
+    struct model *mod;
+    struct pool *pool;
+    int V;
+};
+
+static int seq_env_open(struct seq_env *e, const struct rm_cfg *cfg)
+{
+    char err[256];
+    memset(e, 0, sizeof *e);
+    e->pool = pool_new(2);
+    if (!CHECK(rm_make(&e->m, cfg, 4242u) == 0, "could not write %s", e->m.path) ||
+        !CHECK(model_load(&e->mod, e->m.path, err, sizeof err) == 0, "load: %s", err))
+        return -1;
+    e->V = cfg->V;
+    return 0;
+}
+
+static void seq_env_close(struct seq_env *e)
+{
+    model_free(e->mod);
+    pool_free(e->pool);
+    rm_free(&e->m);
+}
+
+static struct model_ctx *seq_ctx(struct seq_env *e, int n_ctx, int n_seq, int kv_mem)
+{
+    char err[256];
+    struct model_ctx *c = NULL;
+    struct model_opts o = cpu_opts(n_ctx, KV_CELL_F16, 0);
+    o.n_seq = n_seq;
+    o.kv_mem_mib = kv_mem;
+    CHECK(model_ctx_new(&c, e->mod, &o, e->pool, err, sizeof err) == 0, "ctx: %s", err);
+    return c;
+}
+
+static void rand_tokens(int32_t *t, int n, int V, unsigned seed)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
+}
+
+/* max |a - b| and the RMS of b over n values */
+static double max_diff(const float *a, const float *b, size_t n, double *rms)
+{
+    double mx = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        mx = d > mx ? d : mx;
+        s += (double)b[i] * b[i];
+    }
+    *rms = sqrt(s / (double)n);
+    return mx;
+}
+
+/* model_decode_batch of n sequences (prompts of different lengths) equals n
+ * model_eval steps on forks of the same sequences: bit for bit while the
+ * batch is below the tiled matrix kernel's threshold (Q8_0: 5 rows), where
+ * each row takes the same row dot as a single step; above it, the tiled
+ * kernel adds the same block products in another order. */
+static void test_decode_batch(void)
+{
+    if (!test_begin("model/decode batch equals single decode steps"))
+        return;
+    struct rm_cfg cfg = rm_llama;
+    cfg.wtype = QT_Q8_0;
+    cfg.D = 128, cfg.F = 192, cfg.V = 128;
+    struct seq_env e;
+    struct model_ctx *c = NULL;
+    char err[256];
+    enum { NB = 8 };
+    int32_t prompt[NB][80], next[NB];
+    float *lb = malloc((size_t)NB * 128 * sizeof(float)), *ls = malloc((size_t)NB * 128 * sizeof(float));
+    if (seq_env_open(&e, &cfg) != 0 || !(c = seq_ctx(&e, 256, 2 * NB, 0)))
+        goto done;
+    struct kv *kv = model_kv(c);
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? NB : 3, seqs[NB], forks[NB];
+        for (int i = 0; i < n; i++) {
+            int len = 9 + 7 * i;
+            rand_tokens(prompt[i], len, e.V, 100u + (unsigned)i);
+            next[i] = prompt[i][len - 1] ^ 1;
+            seqs[i] = i ? kv_seq_new(kv, err, sizeof err) : 0;
+            if (!CHECK(seqs[i] >= 0, "seq: %s", err) ||
+                !CHECK(model_eval(c, seqs[i], prompt[i], len, 0, NULL, 0, err, sizeof err) == 0, "eval: %s", err))
+                goto done;
+            forks[i] = kv_seq_fork(kv, seqs[i], err, sizeof err);
+            if (!CHECK(forks[i] >= 0, "fork: %s", err))
+                goto done;
+        }
+        memset(lb, 0xff, (size_t)NB * 128 * sizeof(float));
+        if (!CHECK(model_decode_batch(c, seqs, next, n, lb, err, sizeof err) == 0, "batch: %s", err))
+            goto done;
+        for (int i = 0; i < n; i++) {
+            CHECK(kv_seq_len(kv, seqs[i]) == 10 + 7 * i, "sequence %d holds %d cells", i, kv_seq_len(kv, seqs[i]));
+            if (!CHECK(model_eval(c, forks[i], &next[i], 1, 9 + 7 * i, ls + (size_t)i * e.V, 0, err, sizeof err) == 0,
+                       "eval: %s", err))
+                goto done;
+        }
+        double rms, mx = max_diff(lb, ls, (size_t)n * e.V, &rms);
+        printf("     batch of %d vs single steps: max abs diff %.2e (logits rms %.3f)\n", n, mx, rms);
+        if (n < 5)
+            CHECK(memcmp(lb, ls, (size_t)n * e.V * sizeof(float)) == 0, "batch of %d differs from single steps", n);
+        else
+            CHECK(mx <= 1e-4 * rms, "batch of %d: max diff %.3e above 1e-4 x rms %.3f", n, mx, rms);
+        for (int i = 0; i < n; i++) {
+            if (i)
+                kv_seq_free(kv, seqs[i]);
+            kv_seq_free(kv, forks[i]);
+        }
+        kv_truncate(kv, 0, kv_seq_len(kv, 0));
+    }
+    /* a repeated sequence or an unknown one is refused, and nothing moves */
+    int bad[2] = {0, 0};
+    CHECK(model_decode_batch(c, bad, next, 2, lb, err, sizeof err) != 0 && strstr(err, "twice"),
+          "a repeated sequence was accepted: %s", err);
+    bad[1] = 5;
+    CHECK(model_decode_batch(c, bad, next, 2, lb, err, sizeof err) != 0 && strstr(err, "no sequence"),
+          "an unknown sequence was accepted: %s", err);
+    CHECK(kv_seq_len(kv, 0) == 0, "a refused batch changed sequence 0");
+done:
+    free(lb), free(ls);
+    model_ctx_free(c);
+    seq_env_close(&e);
+}
+
+/* A prompt sharing whole pages with an earlier one reuses them and gives
+ * the logits of a full evaluation in a fresh context, bit for bit. */
+static void test_prefix_reuse(void)
+{
+    if (!test_begin("model/prefix reuse gives a full evaluation's logits"))
+        return;
+    struct rm_cfg cfg = rm_llama;
+    cfg.wtype = QT_Q8_0;
+    struct seq_env e;
+    struct model_ctx *c = NULL, *fresh = NULL;
+    char err[256];
+    int32_t a[200], b[200];
+    float *la = malloc(96 * sizeof(float)), *lb = malloc(96 * sizeof(float));
+    if (seq_env_open(&e, &cfg) != 0 || !(c = seq_ctx(&e, 256, 1, 0)) || !(fresh = seq_ctx(&e, 256, 1, 0)))
+        goto done;
+    rand_tokens(a, 200, e.V, 7u);
+    memcpy(b, a, 150 * sizeof *b);
+    rand_tokens(b + 150, 50, e.V, 8u);
+    if (!CHECK(model_eval(c, 0, a, 200, 0, la, 0, err, sizeof err) == 0, "eval: %s", err) ||
+        !CHECK(model_last_reused(c) == 0, "a first prompt reused %d cells", model_last_reused(c)) ||
+        !CHECK(model_eval(c, 0, b, 180, 0, la, 0, err, sizeof err) == 0, "eval: %s", err))
+        goto done;
+    int reused = model_last_reused(c);
+    CHECK(reused == 128, "reused %d cells of 150 shared tokens, want two pages (128)", reused);
+    memset(lb, 0xff, 96 * sizeof(float));
+    if (!CHECK(model_eval(fresh, 0, b, 180, 0, lb, 0, err, sizeof err) == 0, "eval: %s", err))
+        goto done;
+    double rms, mx = max_diff(la, lb, 96, &rms);
+    printf("     %d cells reused: max abs diff %.2e vs the full evaluation\n", reused, mx);
+    CHECK(memcmp(la, lb, 96 * sizeof(float)) == 0, "logits differ from the full evaluation (max %.3e)", mx);
+    /* all_logits asks for every row: nothing is reused */
+    float *all = malloc((size_t)180 * 96 * sizeof(float));
+    CHECK(model_eval(c, 0, b, 180, 0, all, 1, err, sizeof err) == 0 && model_last_reused(c) == 0,
+          "all_logits: %s, reused %d", err, model_last_reused(c));
+    free(all);
+done:
+    free(la), free(lb);
+    model_ctx_free(c);
+    model_ctx_free(fresh);
+    seq_env_close(&e);
+}
+
+/* A pool too small for a second prompt: that request fails with a message
+ * naming the exhausted cache, the sequence is left empty, and the first
+ * sequence's cells are intact (its next step gives the same logits). */
+static void test_exhausted_pool(void)
+{
+    if (!test_begin("model/exhausted KV pool: clear error, other sequences intact"))
+        return;
+    struct rm_cfg cfg = rm_llama;
+    cfg.E = 32;   /* 2 layers x 2 kv heads x (K + V) x 32 x F16: 512 bytes a cell, 2048 cells a MiB */
+    struct seq_env e;
+    struct model_ctx *c = NULL;
+    char err[256] = "";
+    int32_t *t = malloc(2400 * sizeof *t);
+    float *l1 = malloc(96 * sizeof(float)), *l2 = malloc(96 * sizeof(float));
+    if (seq_env_open(&e, &cfg) != 0 || !(c = seq_ctx(&e, 0, 2, 1)))
+        goto done;
+    struct kv *kv = model_kv(c);
+    struct kv_stats st;
+    kv_stats(kv, &st);
+    CHECK(st.pages == 32 && kv_cfg(kv)->n_ctx == 2048, "1 MiB: %d pages, %d cells", st.pages, kv_cfg(kv)->n_ctx);
+    rand_tokens(t, 2400, e.V, 9u);
+    int s1 = kv_seq_new(kv, err, sizeof err);
+    if (!CHECK(model_eval(c, 0, t, 1200, 0, NULL, 0, err, sizeof err) == 0, "eval: %s", err) ||
+        !CHECK(model_eval(c, 0, t + 1200, 1, 1200, l1, 0, err, sizeof err) == 0, "eval: %s", err) ||
+        !CHECK(s1 == 1, "second sequence: %s", err))
+        goto done;
+    int rc = model_eval(c, s1, t + 1201, 1000, 0, l2, 0, err, sizeof err);
+    printf("     error: %s\n", err);
+    CHECK(rc != 0 && strstr(err, "KV cache exhausted"), "a prompt past the pool: rc %d, '%s'", rc, err);
+    CHECK(kv_seq_len(kv, s1) == 0, "the failed sequence holds %d cells", kv_seq_len(kv, s1));
+    CHECK(kv_seq_len(kv, 0) == 1201, "the other sequence holds %d cells", kv_seq_len(kv, 0));
+    CHECK(model_eval(c, 0, t + 1200, 1, 1200, l2, 0, err, sizeof err) == 0 &&
+          memcmp(l1, l2, 96 * sizeof(float)) == 0, "the other sequence's step changed (%s)", err);
+    /* what fits still runs */
+    CHECK(model_eval(c, s1, t + 1201, 500, 0, l2, 0, err, sizeof err) == 0, "a prompt that fits: %s", err);
+done:
+    free(t), free(l1), free(l2);
+    model_ctx_free(c);
+    seq_env_close(&e);
 }
 
 /* ==== load errors name what is wrong ==== */
@@ -656,7 +881,7 @@ static void parity_generation(struct model_ctx *ctx, int V, const struct json *r
     int32_t *ids = malloc((size_t)(np + gt->len + 1) * sizeof *ids);
     for (int i = 0; i < np; i++)
         ids[i] = json_int(&pt->items[i]);
-    if (!CHECK(model_eval(ctx, ids, np, 0, lg, 0, err, sizeof err) == 0, "eval: %s", err)) {
+    if (!CHECK(model_eval(ctx, 0, ids, np, 0, lg, 0, err, sizeof err) == 0, "eval: %s", err)) {
         free(ids);
         return;
     }
@@ -691,7 +916,7 @@ static void parity_generation(struct model_ctx *ctx, int V, const struct json *r
         P->matched++;
         ids[np + i] = got;
         if (i + 1 < gt->len &&
-            !CHECK(model_eval(ctx, &ids[np + i], 1, np + (int)i, lg, 0, err, sizeof err) == 0,
+            !CHECK(model_eval(ctx, 0, &ids[np + i], 1, np + (int)i, lg, 0, err, sizeof err) == 0,
                    "decode: %s", err))
             break;
     }
@@ -717,7 +942,7 @@ static double parity_ppl(struct model *mod, struct model_ctx *ctx, const char *t
         memcpy(chunk, ids + (size_t)c * n_ctx, (size_t)n_ctx * sizeof *chunk);
         if (tok_add_bos(tk))
             chunk[0] = tok_bos(tk);
-        if (!CHECK(model_eval(ctx, chunk, n_ctx, 0, lg, 1, err, sizeof err) == 0, "eval: %s", err))
+        if (!CHECK(model_eval(ctx, 0, chunk, n_ctx, 0, lg, 1, err, sizeof err) == 0, "eval: %s", err))
             break;
         for (int j = first; j < n_ctx - 1; j++) {
             double lse = NAN;
@@ -748,13 +973,13 @@ static void check_golden(const char *model_file, const char *golden_file, int f3
     struct model *mod = NULL;
     struct model_ctx *ctx = NULL;
     struct pool *pool = pool_new(2);
+    int cell = f32ref ? KV_CELL_F32 : KV_CELL_F16;
+    struct model_opts mo = cpu_opts(512, cell, f32ref);
     if (!CHECK(gtext && ptext, "cannot read %s or ppl_text.txt", gpath) ||
         !CHECK(json_parse(&golden, gtext, glen, err, sizeof err) == 0, "golden: %s", err) ||
         !CHECK(model_load(&mod, path, err, sizeof err) == 0, "load: %s", err) ||
-        !CHECK(model_ctx_new(&ctx, mod, 512, f32ref ? KV_F32 : KV_F16, pool, err, sizeof err) == 0,
-               "ctx: %s", err))
+        !CHECK(model_ctx_new(&ctx, mod, &mo, pool, err, sizeof err) == 0, "ctx: %s", err))
         goto done;
-    model_ctx_set_f32ref(ctx, f32ref);
     int V = model_hp(mod)->n_vocab;
     float *lg = malloc((size_t)V * sizeof(float));
     const struct json *gen = json_get(&golden, "generation");
@@ -774,10 +999,9 @@ static void check_golden(const char *model_file, const char *golden_file, int f3
     int pn = ppl ? json_int(json_get(ppl, "n_ctx")) : -1;
     double nll = NAN, rel = NAN;
     int n_scored = 0;
+    mo.n_ctx = pn;
     if (CHECK(gnll && pn > 0, "golden has no perplexity") &&
-        CHECK(model_ctx_new(&pctx, mod, pn, f32ref ? KV_F32 : KV_F16, pool, err, sizeof err) == 0,
-              "ctx: %s", err)) {
-        model_ctx_set_f32ref(pctx, f32ref);
+        CHECK(model_ctx_new(&pctx, mod, &mo, pool, err, sizeof err) == 0, "ctx: %s", err)) {
         nll = parity_ppl(mod, pctx, ptext, tlen, pn, &n_scored);
         rel = fabs(nll - gnll->num) / gnll->num;
         CHECK(rel <= 0.002, "mean NLL %.6f vs reference %.6f (%.3f%%)", nll, gnll->num, 100 * rel);
@@ -880,6 +1104,9 @@ void test_model(void)
 {
     test_pool();
     test_random_models();
+    test_decode_batch();
+    test_prefix_reuse();
+    test_exhausted_pool();
     test_load_errors();
     test_wrapper();
     test_goldens();

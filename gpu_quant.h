@@ -1,0 +1,382 @@
+/*
+ * gpu_quant.h — GGUF block formats decoded on the device: gq_dequant16 turns
+ * 16 consecutive elements of a weight row (in its file layout) into floats,
+ * equal bit for bit to quant.c's to_f32. Shared by gpu_gemm.cu and gpu.cu;
+ * compiled by nvcc and hipcc. From C, only gq_supported is visible.
+ *
+ * Owns the device-side reading of the block layouts only: no launches, no
+ * allocation, no host state. quant.c stays the definition of each format
+ * (struct offsets below are its blk_* structs, little-endian).
+ * Bit-exactness: a multiply followed by an add is written with __fmul_rn /
+ * __fadd_rn so that the compiler cannot fuse it into an FMA (quant.c is
+ * built with -ffp-contract=off); pure products need no guard.
+ * Not here: the IQ2/IQ3 lattice types (their grids would need device copies
+ * of quant_grids.h's tables) and Q8_1's use as a weight beyond its values.
+ */
+#ifndef STRATA_GPU_QUANT_H
+#define STRATA_GPU_QUANT_H
+
+#include "strata.h"
+
+/* Whether gq_dequant16 decodes this block type (host or device). */
+static inline int gq_supported(int type)
+{
+    switch (type) {
+    case QT_F32: case QT_F16: case QT_BF16:
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_Q8_1:
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_Q8_K:
+    case QT_IQ4_NL: case QT_IQ4_XS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#include "gpu_compat.h"
+
+/* ---- byte access: rows may sit at any byte offset a block size allows ---- */
+
+static __device__ __forceinline__ unsigned gq_u16(const uint8_t *p)
+{
+    return (unsigned)p[0] | (unsigned)p[1] << 8;
+}
+
+static __device__ __forceinline__ float gq_f16(const uint8_t *p)
+{
+    return __half2float(__ushort_as_half((unsigned short)gq_u16(p)));
+}
+
+/* Power-of-two alignment (at most 4) of row + bsize * block + off for a row
+ * aligned to ra bytes (1: unknown). */
+static __host__ __device__ constexpr int gq_al(int ra, int bsize, int off)
+{
+    return (ra | bsize | off | 4) & -(ra | bsize | off | 4);
+}
+
+/* 16 bytes at p into q (registers once unrolled), by the widest loads that
+ * alignment A (gq_al) allows; A = 1 decides at run time (the branch is
+ * uniform across a warp for rows that share an alignment). */
+template <int A>
+static __device__ __forceinline__ void gq_ld16(const uint8_t *p, uint8_t q[16])
+{
+    if (A >= 4 || (A == 1 && ((size_t)p & 3) == 0)) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            unsigned v = ((const unsigned *)p)[i];
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                q[4 * i + b] = (uint8_t)(v >> (8 * b));
+        }
+    } else if (A == 2 || ((size_t)p & 1) == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            unsigned v = ((const unsigned short *)p)[i];
+            q[2 * i] = (uint8_t)v;
+            q[2 * i + 1] = (uint8_t)(v >> 8);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            q[i] = p[i];
+    }
+}
+
+/* (float)v for |v| < 2^22, exact, without the conversion unit (a quarter-
+ * rate pipe): 1.5 * 2^23 + v has v in its low mantissa bits. */
+static __device__ __forceinline__ float gq_i2f(int v)
+{
+    return __int_as_float(0x4B400000 + v) - 12582912.f;
+}
+
+/* The IQ4 non-linear codebook (quant.c's kvalues_iq4nl) as two words of
+ * bytes, entry i in byte i % 8: read without a memory table. */
+static __device__ __forceinline__ int gq_iq4nl(unsigned i)
+{
+    const unsigned long long lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
+    return (int)(signed char)(((i < 8 ? lo : hi) >> (8 * (i & 7))) & 0xff);
+}
+
+/* Q4_K / Q5_K: the 6-bit (scale, min) pair j of 8, packed in 12 bytes read
+ * as three little-endian words a, b, c (no runtime-indexed local array). */
+static __device__ __forceinline__ void gq_k4_scale_min(int j, unsigned a, unsigned b, unsigned c, int *sc,
+                                                       int *m)
+{
+    int sh = 8 * (j & 3);
+    if (j < 4) {
+        *sc = (a >> sh) & 63;
+        *m = (b >> sh) & 63;
+    } else {
+        *sc = ((c >> sh) & 15) | ((a >> (sh + 6)) & 3) << 4;
+        *m = ((c >> (sh + 4)) & 15) | ((b >> (sh + 6)) & 3) << 4;
+    }
+}
+
+/* ---- one decoder per type: elements 16*i16 .. 16*i16+15 of a row ---- */
+
+static __device__ __forceinline__ void gq_f32_16(const uint8_t *row, int i16, float *y)
+{
+    const float *x = (const float *)row + 16 * i16;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = x[j];
+}
+
+static __device__ __forceinline__ void gq_f16_16(const uint8_t *row, int i16, float *y)
+{
+    const unsigned short *x = (const unsigned short *)row + 16 * i16;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = __half2float(__ushort_as_half(x[j]));
+}
+
+static __device__ __forceinline__ void gq_bf16_16(const uint8_t *row, int i16, float *y)
+{
+    const unsigned short *x = (const unsigned short *)row + 16 * i16;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = __uint_as_float((unsigned)x[j] << 16);
+}
+
+/* Legacy 32-element blocks: byte j holds element j (low nibble) and j + 16
+ * (high nibble); half h of the block is one nibble plane. */
+template <int RA>
+static __device__ __forceinline__ void gq_q4_0_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 18 * (i16 >> 1);
+    int sh = 4 * (i16 & 1);
+    float d = gq_f16(b);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, 18, 2)>(b + 2, q);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = gq_i2f(((q[j] >> sh) & 15) - 8) * d;
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q4_1_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 20 * (i16 >> 1);
+    int sh = 4 * (i16 & 1);
+    float d = gq_f16(b), m = gq_f16(b + 2);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, 20, 4)>(b + 4, q);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = __fadd_rn(__fmul_rn(gq_i2f((q[j] >> sh) & 15), d), m);
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q5_0_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 22 * (i16 >> 1);
+    int h = i16 & 1;
+    float d = gq_f16(b);
+    unsigned qh = gq_u16(b + 2) | gq_u16(b + 4) << 16;
+    uint8_t qs[16];
+    gq_ld16<gq_al(RA, 22, 6)>(b + 6, qs);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int q = ((qs[j] >> (4 * h)) & 15) | ((qh >> (16 * h + j)) & 1) << 4;
+        y[j] = gq_i2f(q - 16) * d;
+    }
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q5_1_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 24 * (i16 >> 1);
+    int h = i16 & 1;
+    float d = gq_f16(b), m = gq_f16(b + 2);
+    unsigned qh = gq_u16(b + 4) | gq_u16(b + 6) << 16;
+    uint8_t qs[16];
+    gq_ld16<gq_al(RA, 24, 8)>(b + 8, qs);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int q = ((qs[j] >> (4 * h)) & 15) | ((qh >> (16 * h + j)) & 1) << 4;
+        y[j] = __fadd_rn(__fmul_rn(gq_i2f(q), d), m);
+    }
+}
+
+/* Q8_0 (34 bytes) and Q8_1 (36: its stored sum s sits between d and qs). */
+template <int RA, int BS, int QOFF>
+static __device__ __forceinline__ void gq_q8_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + BS * (i16 >> 1);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, BS, QOFF)>(b + QOFF + 16 * (i16 & 1), q);
+    float d = gq_f16(b);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = gq_i2f((signed char)q[j]) * d;
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_iq4_nl_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 18 * (i16 >> 1);
+    int sh = 4 * (i16 & 1);
+    float d = gq_f16(b);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, 18, 2)>(b + 2, q);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = d * gq_i2f(gq_iq4nl((q[j] >> sh) & 15));
+}
+
+/* K-quants: super-blocks of 256; s = i16 & 15 is the 16-element group.
+ * 2-bit planes (Q2_K, Q3_K): element k = 128h + 32p + l sits in bits 2p of
+ * byte 32h + l; for group s, h = s/8, p = (s%8)/2, l = 16(s%2) + j. */
+template <int RA>
+static __device__ __forceinline__ void gq_q2_K_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 84 * (i16 >> 4);
+    int s = i16 & 15;
+    uint8_t qs[16];
+    gq_ld16<gq_al(RA, 84, 16)>(b + 16 + 32 * (s >> 3) + 16 * (s & 1), qs);
+    int sh = 2 * ((s & 7) >> 1), sc = b[s];
+    float dl = gq_f16(b + 80) * (float)(sc & 15), ml = gq_f16(b + 82) * (float)(sc >> 4);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = __fsub_rn(__fmul_rn(dl, gq_i2f((qs[j] >> sh) & 3)), ml);
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q3_K_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 110 * (i16 >> 4);
+    int s = i16 & 15;
+    uint8_t qs[16], hm[16];
+    gq_ld16<gq_al(RA, 110, 32)>(b + 32 + 32 * (s >> 3) + 16 * (s & 1), qs);
+    gq_ld16<gq_al(RA, 110, 16)>(b + 16 * (s & 1), hm);
+    const uint8_t *scales = b + 96;
+    int sh = 2 * ((s & 7) >> 1), hb = s >> 1; /* the high bit of element k: bit k/32 of hmask[k%32] */
+    int lo = s < 8 ? scales[s] & 15 : scales[s - 8] >> 4;
+    int hi = (scales[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    float dl = gq_f16(b + 108) * (float)((lo | hi << 4) - 32);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int u = ((qs[j] >> sh) & 3) | ((hm[j] >> hb) & 1) << 2; /* level + 4 */
+        y[j] = dl * gq_i2f(u - 4);
+    }
+}
+
+/* Q4_K / Q5_K: 32 bytes of qs per 64 elements, elements 0..31 of the 64 in
+ * the low nibbles, 32..63 in the high ones; 8 (scale, min) pairs of 32. */
+template <int RA, int BS>
+static __device__ __forceinline__ void gq_q45_K_16(const uint8_t *b, const uint8_t *qs, const uint8_t *qh,
+                                                   int s, float *y)
+{
+    int sc, m;
+    uint8_t hd[16], q[16], h[16];
+    gq_ld16<gq_al(RA, BS, 0)>(b, hd); /* d, dmin, the 12 scale bytes */
+    gq_k4_scale_min(s >> 1, hd[4] | hd[5] << 8 | hd[6] << 16 | (unsigned)hd[7] << 24,
+                    hd[8] | hd[9] << 8 | hd[10] << 16 | (unsigned)hd[11] << 24,
+                    hd[12] | hd[13] << 8 | hd[14] << 16 | (unsigned)hd[15] << 24, &sc, &m);
+    float dl = __half2float(__ushort_as_half((unsigned short)(hd[0] | hd[1] << 8))) * (float)sc;
+    float ml = __half2float(__ushort_as_half((unsigned short)(hd[2] | hd[3] << 8))) * (float)m;
+    gq_ld16<gq_al(RA, BS, 16)>(qs + 32 * (s >> 2) + 16 * (s & 1), q);
+    if (qh)
+        gq_ld16<gq_al(RA, BS, 16)>(qh + 16 * (s & 1), h);
+    int sh = 4 * ((s >> 1) & 1), hb = s >> 1; /* Q5_K's fifth bit of k: bit k/32 of qh[k%32] */
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int u = (q[j] >> sh) & 15;
+        if (qh)
+            u |= ((h[j] >> hb) & 1) << 4;
+        y[j] = __fsub_rn(__fmul_rn(dl, gq_i2f(u)), ml);
+    }
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q6_K_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 210 * (i16 >> 4);
+    int s = i16 & 15, h = s >> 3, p = (s & 7) >> 1, l0 = 16 * (s & 1);
+    uint8_t ql[16], qh[16];
+    gq_ld16<gq_al(RA, 210, 16)>(b + 64 * h + 32 * (p & 1) + l0, ql);
+    gq_ld16<gq_al(RA, 210, 128)>(b + 128 + 32 * h + l0, qh);
+    int shl = 4 * (p >> 1), shh = 2 * p;
+    float ds = gq_f16(b + 208) * (float)(signed char)b[192 + s];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int u = ((ql[j] >> shl) & 15) | ((qh[j] >> shh) & 3) << 4;
+        y[j] = ds * gq_i2f(u - 32);
+    }
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_q8_K_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 292 * (i16 >> 4);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, 292, 4)>(b + 4 + 16 * (i16 & 15), q);
+    float d = __uint_as_float(gq_u16(b) | gq_u16(b + 2) << 16);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = d * gq_i2f((signed char)q[j]);
+}
+
+template <int RA>
+static __device__ __forceinline__ void gq_iq4_xs_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 136 * (i16 >> 4);
+    int s = i16 & 15, sb = s >> 1, sh = 4 * (s & 1);
+    int lo = (b[4 + sb / 2] >> (4 * (sb & 1))) & 15, hi = (gq_u16(b + 2) >> (2 * sb)) & 3;
+    float dl = gq_f16(b) * (float)((lo | hi << 4) - 32);
+    uint8_t q[16];
+    gq_ld16<gq_al(RA, 136, 8)>(b + 8 + 16 * sb, q);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        y[j] = dl * gq_i2f(gq_iq4nl((q[j] >> sh) & 15));
+}
+
+/* Elements 16*i16 .. 16*i16+15 of a row of block type `type` (gq_supported)
+ * stored as in the file, the row aligned to RA bytes (1, 2 or 4: picks the
+ * load width at compile time; 1 checks at run time); row may point to global
+ * or shared memory. The switch folds away when type is a compile-time
+ * constant. An unsupported type gives NaNs. */
+template <int RA>
+static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *row, int i16, float out[16])
+{
+    switch (type) {
+    case QT_F32: gq_f32_16(row, i16, out); break;
+    case QT_F16: gq_f16_16(row, i16, out); break;
+    case QT_BF16: gq_bf16_16(row, i16, out); break;
+    case QT_Q4_0: gq_q4_0_16<RA>(row, i16, out); break;
+    case QT_Q4_1: gq_q4_1_16<RA>(row, i16, out); break;
+    case QT_Q5_0: gq_q5_0_16<RA>(row, i16, out); break;
+    case QT_Q5_1: gq_q5_1_16<RA>(row, i16, out); break;
+    case QT_Q8_0: gq_q8_16<RA, 34, 2>(row, i16, out); break;
+    case QT_Q8_1: gq_q8_16<RA, 36, 4>(row, i16, out); break;
+    case QT_Q2_K: gq_q2_K_16<RA>(row, i16, out); break;
+    case QT_Q3_K: gq_q3_K_16<RA>(row, i16, out); break;
+    case QT_Q4_K: {
+        const uint8_t *b = row + 144 * (i16 >> 4);
+        gq_q45_K_16<RA, 144>(b, b + 16, (const uint8_t *)0, i16 & 15, out);
+        break;
+    }
+    case QT_Q5_K: {
+        const uint8_t *b = row + 176 * (i16 >> 4);
+        gq_q45_K_16<RA, 176>(b, b + 48, b + 16, i16 & 15, out);
+        break;
+    }
+    case QT_Q6_K: gq_q6_K_16<RA>(row, i16, out); break;
+    case QT_Q8_K: gq_q8_K_16<RA>(row, i16, out); break;
+    case QT_IQ4_NL: gq_iq4_nl_16<RA>(row, i16, out); break;
+    case QT_IQ4_XS: gq_iq4_xs_16<RA>(row, i16, out); break;
+    default:
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            out[j] = __int_as_float(0x7fc00000);
+    }
+}
+
+/* gq_dequant16_al for a row of any alignment. */
+static __device__ __forceinline__ void gq_dequant16(int type, const uint8_t *row, int i16, float out[16])
+{
+    gq_dequant16_al<1>(type, row, i16, out);
+}
+
+#endif /* __CUDACC__ || __HIPCC__ */
+#endif
