@@ -5,9 +5,11 @@
  *
  * Weights are quantised by quant.c's own quantisers and streamed to the file
  * one row at a time: no float copy of a tensor is ever held. To keep writing
- * a 30 GB model fast, each tensor quantises a bank of at most SYNTH_BANK random
- * rows and writes its rows by drawing from that bank (every byte is still a
- * real block of the type; the values only matter for speed measurements).
+ * a 30 GB model fast, each tensor quantises a bank of random rows (at most
+ * SYNTH_BANK rows and SYNTH_BANK_ELEMS elements, at least 16 rows: the K-quant
+ * quantisers search scales and cost ~100 ns an element) and writes its rows
+ * by drawing from that bank (every byte is still a real block of the type;
+ * the values only matter for speed measurements).
  * The numbers it writes are meaningless: never use these files for quality.
  */
 #include "strata.h"
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #define SYNTH_BANK 256
+#define SYNTH_BANK_ELEMS (1 << 18)
 
 struct shape {
     const char *name, *arch;
@@ -75,7 +78,9 @@ static int write_tensor(struct out *o, const struct tdesc *t)
     for (int d = 1; d < t->n_dims; d++)
         rows *= t->ne[d];
     size_t rb = quant_row_bytes(type, k);
-    int bank = rows < SYNTH_BANK ? (int)rows : SYNTH_BANK;
+    int64_t cap = SYNTH_BANK_ELEMS / k;
+    cap = cap < 16 ? 16 : cap > SYNTH_BANK ? SYNTH_BANK : cap;
+    int bank = rows < cap ? (int)rows : (int)cap;
     float *f = malloc((size_t)k * sizeof *f);
     uint8_t *q = malloc(rb * (size_t)bank);
     if (!f || !q) {
@@ -91,7 +96,7 @@ static int write_tensor(struct out *o, const struct tdesc *t)
     }
     int rc = 0;
     for (int64_t r = 0; r < rows && rc == 0; r++) {
-        int b = rows <= SYNTH_BANK ? (int)r : (int)(rng_next(&o->rng) % SYNTH_BANK);
+        int b = rows <= bank ? (int)r : (int)(rng_next(&o->rng) % (uint64_t)bank);
         rc = gguf_w_data(o->w, q + (size_t)b * rb, rb);
     }
     free(f);
