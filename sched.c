@@ -11,8 +11,11 @@
  * budget of prompt tokens on the slots still reading their prompts. A job
  * gets a fresh sequence when its prompt starts and frees it when it ends, so
  * its whole pages stay in the pool's prefix cache for the next prompt that
- * starts the same way. No sockets, no JSON, no printing; only the scheduler
- * thread touches the model context and its pool. V is the vocabulary.
+ * starts the same way. When the pool runs short, a prompt that does not fit
+ * waits in its slot, and a job that needs a page takes the youngest job's,
+ * which ends with an error naming the KV cache. No sockets, no JSON, no
+ * printing; only the scheduler thread touches the model context and its
+ * pool. V is the vocabulary.
  */
 #include "strata.h"
 
@@ -423,6 +426,21 @@ static int prompt_chunk(struct sched *s, int i, int budget)
     return n;
 }
 
+/* Whether slot i's job may start its prompt: not while the pool cannot hold
+ * the whole prompt (shared prefix pages counted too) and other jobs hold
+ * pages that will come back; it then waits in its slot instead of failing. */
+static int may_start(struct sched *s, int i)
+{
+    struct kv_stats ks;
+    kv_stats(s->kv, &ks);
+    if ((s->slots[i].job->req.n_prompt + s->P - 1) / s->P <= ks.free + ks.idle)
+        return 1;
+    for (int k = 0; k < s->n_slots; k++)
+        if (k != i && s->slots[k].job && s->slots[k].seq >= 0)
+            return 0;
+    return 1;
+}
+
 /* The pool's state for sched_stats (lock held, on the scheduler thread). */
 static void snapshot(struct sched *s)
 {
@@ -469,11 +487,19 @@ static void *sched_main(void *arg)
         int nb = sample_all(s);
         if (nb > 0)
             decode(s, nb);
-        int budget = nb > 0 ? SCHED_PROMPT_BUSY : s->chunk;
+        int budget = nb > 0 ? SCHED_PROMPT_BUSY : s->chunk, waiting = 0;
         for (int a = 0; a < s->n_slots && budget > 0; a++) {
             int i = s->age[a];
-            if (s->slots[i].job && !s->slots[i].logits)
-                budget -= prompt_chunk(s, i, budget);
+            struct slot *sl = &s->slots[i];
+            if (!sl->job || sl->logits)
+                continue;
+            /* once a job waits for pages, the younger ones do not start
+             * either, so that short prompts never pass a long one for good */
+            if (sl->seq < 0 && (waiting || !may_start(s, i))) {
+                waiting = 1;
+                continue;
+            }
+            budget -= prompt_chunk(s, i, budget);
         }
         pthread_mutex_lock(&s->lock);
     }

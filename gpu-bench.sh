@@ -1,0 +1,45 @@
+#!/bin/bash
+# gpu-bench.sh — one device run of the CUDA backend (issue 6): the GPU tests,
+# then `strata bench` on `strata synth` models of the Qwen3-8B and
+# Qwen3-30B-A3B shapes, as recorded in BENCH.md. The GPU machine keeps
+# nothing and should spend its time running, not compiling, so everything is
+# built beforehand into DIR:
+#
+#   make GPU=cuda CUDA_ARCH=90 B=carry/gpu carry/gpu/test carry/gpu/strata.o
+#   nvcc -cudart static -o carry/gpu/strata $(ls carry/gpu/*.o | grep -v /test) -lm -lpthread
+#   mkdir -p carry/gpu/testdata && cp ../shared/testdata/tiny-qwen3-Q4_K_M.* \
+#     ../shared/testdata/tiny-llama-spm-Q8_0.* ../shared/testdata/vocab/ggml-vocab-qwen2.gguf carry/gpu/testdata/
+#
+# Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
+# (each model step writes its model to /tmp, benchmarks it and deletes it).
+set -u
+D=$1
+shift
+T=${TMPDIR:-/tmp}
+S=$D/strata
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+
+bench_model() { # name shape type
+    local m=$T/$1.gguf t0=$SECONDS
+    $S synth --shape "$2" --type "$3" --vocab "$D/testdata/ggml-vocab-qwen2.gguf" -o "$m" >/dev/null || return
+    echo "== $1 (synth $((SECONDS - t0)) s)"
+    $S bench -m "$m" --device gpu -p 512 -n 128 -r 5 -c 1024 2>/dev/null
+    $S bench -m "$m" --device gpu -p 4096 -n 0 -r 5 -c 4096 2>/dev/null | grep -E '^prompt'
+    for kv in f16 int8; do
+        echo "-- tg128 at 32K context, --kv $kv"
+        $S bench -m "$m" --device gpu --kv $kv -p 0 -n 128 -d 32768 -r 3 -c 33024 2>/dev/null |
+            grep -E '^(decode|depth)'
+    done
+    rm -f "$m"
+}
+
+for step in "$@"; do
+    case $step in
+    tests) STRATA_TESTDATA=$D/testdata "$D/test" gpu/ 2>&1 | tail -n 60 ;;
+    8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
+    8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
+    30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
+    30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
+    *) echo "gpu-bench.sh: unknown step $step" >&2; exit 2 ;;
+    esac
+done
