@@ -6,7 +6,9 @@
  * Two kernels, one choice (gg_run): on sm_80+ (CUDA) tensor cores, mma.sync
  * m16n8k16 with f16 inputs and f32 accumulation — the activations rounded to
  * f16 once into the caller's scratch, the raw weight blocks streamed into
- * shared memory and dequantised there to f16 tiles; elsewhere (older cards,
+ * shared memory and dequantised there to f16 tiles, four k-tiles in flight,
+ * split along k (partials in the scratch, summed in a fixed order) when the
+ * grid is too small to fill the device; elsewhere (older cards,
  * HIP, shapes the mma kernel does not tile, or STRATA_GEMM_PORTABLE=1) a
  * tiled f32 kernel without matrix units. Must not: allocate, synchronise, or
  * keep state between calls (so gpu.cu can capture the launches in a graph).
@@ -435,30 +437,29 @@ static size_t gg_xh_bytes(int n, int T)
 }
 
 /* 1 when the device cannot give the block its shared memory (the caller
- * takes the tiled kernel), else 0 / -1 as gpu_gemm. The grid is split along
- * k when it has fewer blocks than the device has SMs. */
+ * takes the tiled kernel), else 0 / -1 as gpu_gemm. Split-K when fewer
+ * blocks than the device holds at once: as many splits as fill it without a
+ * second wave (measured on the H200: two splits of 128 blocks that fit two
+ * per SM +26-38%; the same split where one block fits per SM, a second wave,
+ * -4 to -10%); STRATA_GEMM_SPLIT=N forces N (tests). */
 template <int TYPE, int WM, int MT>
 static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
-                     size_t ldy, void *scratch, gpuStream_t st, char *err, size_t errlen)
+                     size_t ldy, void *scratch, int dev, int sms, gpuStream_t st, char *err, size_t errlen)
 {
     constexpr int BM = 16 * MT * WM;
     constexpr size_t smem = gg_smem_bytes(TYPE, BM);
     auto kern = gg_mma<TYPE, WM, MT>;
-    int dev = 0, optin = 0, sms = 0;
-    GPU_TRY(cudaGetDevice(&dev), err, errlen);
+    int optin = 0, per_sm = 0;
     GPU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err, errlen);
-    GPU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err, errlen);
     if ((size_t)optin < smem)
         return 1;
     /* the opt-in above 48 KiB, per call: it is per device, and not a stream
      * operation (allowed while a graph is captured) */
     GPU_TRY(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err, errlen);
+    GPU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 64 * WM, smem), err, errlen);
     dim3 grid((rows + GG_BN - 1) / GG_BN, (T + BM - 1) / BM, 1);
-    int blocks = (int)(grid.x * grid.y), ns = n / gg_sup(TYPE), splits = 1;
-    if (blocks < sms) {
-        splits = (sms + blocks - 1) / blocks;
-        splits = min(min(splits, GG_MAX_SPLIT), ns);
-    }
+    int blocks = (int)(grid.x * grid.y), ns = n / gg_sup(TYPE);
+    int splits = min(min(sms * max(per_sm, 1) / blocks, GG_MAX_SPLIT), ns);
     const char *fs = getenv("STRATA_GEMM_SPLIT");
     if (fs)
         splits = max(1, min(min(atoi(fs), GG_MAX_SPLIT), ns));
@@ -474,191 +475,6 @@ static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half
     GPU_TRY(gpuGetLastError(), err, errlen);
     size_t count = (size_t)T * rows;
     gg_sum_splits<<<(unsigned)((count + 255) / 256), 256, 0, st>>>(part, splits, T, rows, y, ldy);
-    GPU_TRY(gpuGetLastError(), err, errlen);
-    return 0;
-}
-
-/* Shared memory of one block: A and W k-tiles (two stages each, f16) and
- * the raw weight bytes of two supersteps. */
-static __host__ __device__ constexpr size_t gg_smem_bytes_old(int type, int bm)
-{
-    return (size_t)2 * (bm + GG_BN) * GG_LD * 2 + (size_t)2 * GG_BN * gg_rs(type) * 4;
-}
-
-/* Block tile (16*MT*WM tokens) x 128 weight rows, WM x 2 warps, a warp
- * owning (16*MT) x 64 outputs; k in tiles of 32. Three streams overlap:
- * the raw weight bytes of the superstep after next arrive by cp.async, a
- * slice per k-tile; the activation tile k+1 arrives by cp.async; and each
- * thread decodes its weights of tile k+1 from the raw bytes into registers
- * before the mma of tile k and stores them as f16 after it. The mma's A is
- * x (row-major tokens x k), B is W (each weight row k-contiguous = B's "col"
- * layout), so both tiles are read with plain ldmatrix. Requires n a multiple
- * of gg_sup(TYPE), w and ldw 4-byte aligned (the host checks). */
-template <int TYPE, int WM, int MT>
-__global__ void __launch_bounds__(64 * WM) gg_mma_old(const uint8_t *w, size_t ldw, int n, int rows,
-                                                  const __half *xh, int T, float *y, size_t ldy)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int NTH = 64 * WM, BM = 16 * MT * WM, NT = 8;
-    constexpr int NSUB = gg_sup(TYPE) / GG_BK, RB = gg_rb(TYPE), UPR = gg_upr(TYPE), RS = gg_rs(TYPE);
-    constexpr int CPT = 2 * GG_BN / NTH;                   /* 16-element chunks per thread per k-tile */
-    constexpr int SLICE = (GG_BN * UPR + NSUB - 1) / NSUB; /* raw words issued per k-tile */
-    extern __shared__ __align__(16) unsigned char gg_smo[];
-    __half(*sa)[BM][GG_LD] = (__half(*)[BM][GG_LD])gg_smo;                            /* (2, BM, k) */
-    __half(*sb)[GG_BN][GG_LD] = (__half(*)[GG_BN][GG_LD])(gg_smo + 2 * BM * GG_LD * 2); /* (2, BN, k) */
-    unsigned *raw = (unsigned *)(gg_smo + 2 * (BM + GG_BN) * GG_LD * 2);                 /* (2, BN, RS) */
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int wm = warp >> 1, wn = warp & 1;
-    int m0 = blockIdx.y * BM, n0 = blockIdx.x * GG_BN;
-    int nk = n / GG_BK, ns = n / gg_sup(TYPE);
-    float acc[MT][NT][4] = {};
-    unsigned wreg[CPT * 8];
-    /* this thread's weight row: chunks ci = tid*CPT + c all lie in row
-     * (tid*CPT) >> 1; rows start 4-byte aligned (the host checks), so a
-     * superstep's bytes sit at shift (S * RB) & 3 in the shared row */
-    constexpr int RA = RB % 4 == 0 ? 4 : 2;
-    int wr = (tid * CPT) >> 1;
-
-    /* row r of the block: its superstep-S bytes start at seg (clamped rows
-     * are read but never stored) */
-    auto seg_of = [&](int r, int S) {
-        return w + (size_t)min(n0 + r, rows - 1) * ldw + (size_t)S * RB;
-    };
-    auto issue_raw = [&](int S, int sl) {
-        unsigned *dst = raw + (S & 1) * GG_BN * RS;
-        int e1 = min((sl + 1) * SLICE, GG_BN * UPR);
-        for (int e = sl * SLICE + tid; e < e1; e += NTH) {
-            int r = e / UPR, u = e % UPR;
-            const uint8_t *seg = seg_of(r, S);
-            const uint8_t *src = (const uint8_t *)((size_t)seg & ~(size_t)3) + 4 * u;
-            int left = (int)(seg + RB - src);
-            if (left > 0)
-                gg_cp4(dst + r * RS + u, src, min(left, 4));
-        }
-    };
-    /* the slice of iteration it: supersteps arrive over the NSUB iterations
-     * that end two before their first tile is decoded */
-    auto issue_raw_iter = [&](int it) {
-        int f = it + NSUB + 1, S = f / NSUB;
-        if (S < ns)
-            issue_raw(S, f % NSUB);
-    };
-    auto load_a = [&](int kt, int st) {
-        for (int c = tid; c < BM * 4; c += NTH) {
-            int r = c >> 2, cc = c & 3;
-            gg_cp16(&sa[st][r][8 * cc], xh + (size_t)min(m0 + r, T - 1) * n + kt * GG_BK + 8 * cc);
-        }
-    };
-    auto dequant_w = [&](int kt) {
-        int S = kt / NSUB, sub = kt % NSUB;
-        const uint8_t *rowp = (const uint8_t *)(raw + (S & 1) * GG_BN * RS + wr * RS) + ((S * RB) & 3);
-#pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            int ci = tid * CPT + c;
-            float f[16];
-            gq_dequant16_al<RA>(TYPE, rowp, 2 * sub + (ci & 1), f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
-                wreg[8 * c + j] = *(unsigned *)&h;
-            }
-        }
-    };
-    auto store_w = [&](int st) {
-#pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            int ci = tid * CPT + c;
-            uint4 *d = (uint4 *)&sb[st][ci >> 1][16 * (ci & 1)];
-            d[0] = make_uint4(wreg[8 * c], wreg[8 * c + 1], wreg[8 * c + 2], wreg[8 * c + 3]);
-            d[1] = make_uint4(wreg[8 * c + 4], wreg[8 * c + 5], wreg[8 * c + 6], wreg[8 * c + 7]);
-        }
-    };
-
-    for (int sl = 0; sl < NSUB; sl++)
-        issue_raw(0, sl);
-    issue_raw_iter(-1);
-    load_a(0, 0);
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
-    dequant_w(0);
-    store_w(0);
-    __syncthreads();
-    /* The last iteration repeats tile nk-1's loads and decode into the idle
-     * stage: no branch, so that the decode and the mma of an iteration form
-     * one block of code that the scheduler interleaves. */
-    for (int kt = 0; kt < nk; kt++) {
-        int cur = kt & 1, next = min(kt + 1, nk - 1);
-        load_a(next, cur ^ 1);
-        issue_raw_iter(kt);
-        asm volatile("cp.async.commit_group;\n" ::);
-        dequant_w(next);
-#pragma unroll
-        for (int kk = 0; kk < GG_BK / 16; kk++) {
-            unsigned af[MT][4], bf[NT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                gg_ldm4(af[mt], &sa[cur][wm * 16 * MT + mt * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                unsigned r[4];
-                gg_ldm4(r, &sb[cur][wn * 64 + np * 16 + (lane >> 4) * 8 + (lane & 7)]
-                              [kk * 16 + ((lane >> 3) & 1) * 8]);
-                bf[2 * np][0] = r[0];
-                bf[2 * np][1] = r[1];
-                bf[2 * np + 1][0] = r[2];
-                bf[2 * np + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    gg_mma16816(acc[mt][nt], af[mt], bf[nt]);
-        }
-        store_w(cur ^ 1);
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        __syncthreads();
-    }
-    /* accumulator fragment: c0,c1 at (token g, rows 2t, 2t+1), c2,c3 at token g+8 */
-    int g = lane >> 2, t4 = lane & 3;
-    int pairs = ((size_t)y & 7) == 0 && (ldy & 1) == 0; /* (c0, c1) as one 8-byte store */
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int tok = m0 + wm * 16 * MT + mt * 16 + g + 8 * h;
-                int col = n0 + wn * 64 + nt * 8 + 2 * t4;
-                if (tok >= T)
-                    continue;
-                float *dst = y + (size_t)tok * ldy + col;
-                if (pairs && col + 1 < rows) {
-                    *(float2 *)dst = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-                    continue;
-                }
-                if (col < rows)
-                    dst[0] = acc[mt][nt][2 * h];
-                if (col + 1 < rows)
-                    dst[1] = acc[mt][nt][2 * h + 1];
-            }
-#else
-    (void)w, (void)ldw, (void)n, (void)rows, (void)xh, (void)T, (void)y, (void)ldy;
-#endif
-}
-
-template <int TYPE, int WM, int MT>
-static int gg_launch_old(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
-                     size_t ldy, gpuStream_t st, char *err, size_t errlen)
-{
-    constexpr int BM = 16 * MT * WM;
-    constexpr size_t smem = gg_smem_bytes_old(TYPE, BM);
-    auto kern = gg_mma_old<TYPE, WM, MT>;
-    /* the opt-in above 48 KiB, per call: it is per device, and not a stream
-     * operation (allowed while a graph is captured) */
-    GPU_TRY(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err, errlen);
-    dim3 grid((rows + GG_BN - 1) / GG_BN, (T + BM - 1) / BM);
-    kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, y, ldy);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
@@ -696,25 +512,23 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
         size_t pairs = (size_t)T * n / 2; /* n is even here */
         gg_to_half<<<(unsigned)((pairs + 255) / 256), 256, 0, st>>>((const float2 *)x, pairs, (__half2 *)xh);
         GPU_TRY(gpuGetLastError(), err, errlen);
+        /* the 256-token tile above 1024 tokens, and from 512 where the 128-token
+         * tile's grid would leave half the SMs idle (k and v at 512 tokens, split
+         * 8 ways: 88-94 TFLOP/s on the H200 against 49-62 with 128-token tiles) */
+        int dev = 0, sms = 0, rc;
+        GPU_TRY(cudaGetDevice(&dev), err, errlen);
+        GPU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err, errlen);
         const char *bm = getenv("STRATA_GEMM_BM");
-        int big = bm ? atoi(bm) == 256 : T > 1024, rc;
-        if (getenv("STRATA_GEMM_OLD")) {
-            if (T <= 32)
-                return gg_launch_old<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
-            if (T <= 64)
-                return gg_launch_old<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
-            if (!big)
-                return gg_launch_old<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
-            return gg_launch_old<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, st, err, errlen);
-        }
+        int small_grid = (rows + GG_BN - 1) / GG_BN * ((T + 127) / 128) < sms / 2;
+        int big = bm ? atoi(bm) == 256 : T > 1024 || (T >= 512 && small_grid);
         if (T <= 32)
-            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
         else if (T <= 64)
-            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
         else if (!big)
-            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
         else
-            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
+            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
         if (rc <= 0)
             return rc;
     }
