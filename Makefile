@@ -15,7 +15,10 @@ ifeq ($(PORTABLE),1)
 else ifneq ($(PORTABLE),)
   $(error PORTABLE must be 1 or unset, not '$(PORTABLE)')
 else
-  CFLAGS += -march=native
+  # MARCH=x86-64-v3 (say) for a binary that runs on another machine, such as
+  # the GPU box of gpu-bench.sh, whose CPU lacks some of this one's AVX-512
+  MARCH ?= native
+  CFLAGS += -march=$(MARCH)
   B := build
 endif
 

@@ -5,7 +5,7 @@
 # nothing and should spend its time running, not compiling, so everything is
 # built beforehand into DIR:
 #
-#   make GPU=cuda CUDA_ARCH=90 B=carry/gpu carry/gpu/test carry/gpu/strata.o
+#   make GPU=cuda CUDA_ARCH=90 MARCH=x86-64-v3 B=carry/gpu carry/gpu/test carry/gpu/strata.o
 #   nvcc -cudart static -o carry/gpu/strata $(ls carry/gpu/*.o | grep -v /test) -lm -lpthread
 #   mkdir -p carry/gpu/testdata && cp ../shared/testdata/tiny-qwen3-Q4_K_M.* \
 #     ../shared/testdata/tiny-llama-spm-Q8_0.* ../shared/testdata/vocab/ggml-vocab-qwen2.gguf carry/gpu/testdata/
