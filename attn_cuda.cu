@@ -19,9 +19,16 @@
  *   ak_mma<QK8> (sm_80+, int8 cells, STRATA_QSA_SPLIT_ATTN=1, opt-in) the
  *            QSA split decode with K·Q as int8 mma (m16n8k32 s8 on the
  *            pages' codes, Q quantised per row like the keys), P·V as above.
+ *   ak_dec   (sm_80+) split-KV decode, dense and QSA, f16 and int8 cells,
+ *            up to 16 query rows per kv head (T·G dense, G QSA): cells in
+ *            the mma's 16 rows and query rows in its 8 columns (Sᵀ = K·Qᵀ,
+ *            Oᵀ += Vᵀ·Pᵀ), every warp walking its own 16-cell steps with
+ *            raw rows copied by cp.async ahead into a private ring, the
+ *            block's warps merged once at the end. int8 codes are the mma
+ *            operands (exact), their scales applied outside.
  *   ak_simt  one warp per row, no matrix units, any head dim up to 512 and
  *            f32 cells: the fallback of every path (ak_table says when).
- *   ak_merge the log-sum-exp merge of split partials.
+ *   ak_merge the log-sum-exp merge of split partials, a block per row.
  * Below sm_80, or with STRATA_ATTN_PRE75=1, the table calls attn_hip.hip's
  * gpu_attn_*_rdna2 kernels.
  *
@@ -127,34 +134,60 @@ static __device__ __forceinline__ float ak_exp(float x)
 
 /* ==== the log-sum-exp merge ==== */
 
-/* Row o of the output from its S partials: weights w_s = e^(m_s - M),
- * out = Σ w_s·acc_s / Σ w_s·l_s. A partition that saw no cell (m = -inf)
- * has weight 0 and its acc, never written, is not read. */
-__global__ void __launch_bounds__(128) ak_merge(const float *ml, const float *acc, int S, int TH, int E, float *out)
+/* Row o of the output from its S partials (one block per row): weights
+ * w_s = e^(m_s - M), out = Σ w_s·acc_s / Σ w_s·l_s. A partition that saw
+ * no cell (m = -inf) has weight 0 and its acc, never written, is read but
+ * selected away (0·NaN would not be 0). The partitions are spread over the
+ * block's warps so that their loads are in flight together (up to 128
+ * partials a row at long contexts), each warp's sums then added in warp
+ * order. */
+#define AK_MERGE_W 8 /* warps of an ak_merge block */
+__global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(const float *ml, const float *acc, int S, int TH, int E,
+                                                             float *out)
 {
-    __shared__ float wbuf[4][AK_SPLIT_MAX];
-    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = blockIdx.x * 4 + wp;
-    if (o >= TH)
-        return;
+    __shared__ float mbuf[AK_SPLIT_MAX], lbuf[AK_SPLIT_MAX], wbuf[AK_SPLIT_MAX];
+    __shared__ float part[AK_MERGE_W][512]; /* E <= 512 (ak_check) */
+    int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
+    for (int s = tid; s < S; s += 32 * AK_MERGE_W) {
+        mbuf[s] = ml[((size_t)s * TH + o) * 2];
+        lbuf[s] = ml[((size_t)s * TH + o) * 2 + 1];
+    }
+    __syncthreads();
     float M = -INFINITY;
     for (int s = 0; s < S; s++)
-        M = fmaxf(M, ml[((size_t)s * TH + o) * 2]);
-    for (int s = lane; s < S; s += 32) {
-        float m = ml[((size_t)s * TH + o) * 2];
-        wbuf[wp][s] = m == -INFINITY ? 0.0f : ak_exp(m - M);
-    }
-    __syncwarp();
+        M = fmaxf(M, mbuf[s]);
+    for (int s = tid; s < S; s += 32 * AK_MERGE_W)
+        wbuf[s] = mbuf[s] == -INFINITY ? 0.0f : ak_exp(mbuf[s] - M);
+    __syncthreads();
     float L = 0.0f;
     for (int s = 0; s < S; s++)
-        L = fmaf(wbuf[wp][s], ml[((size_t)s * TH + o) * 2 + 1], L);
+        L = fmaf(wbuf[s], lbuf[s], L);
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+        v[k] = 0.0f;
+#pragma unroll 4
+    for (int s = wp; s < S; s += AK_MERGE_W) {
+        float wt = wbuf[s];
+        const float *src = acc + ((size_t)s * TH + o) * E;
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            if (lane + 32 * k < E) {
+                float x = src[lane + 32 * k];
+                v[k] = fmaf(wt, wt != 0.0f ? x : 0.0f, v[k]);
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+        if (lane + 32 * k < E)
+            part[wp][lane + 32 * k] = v[k];
+    __syncthreads();
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int e = lane; e < E; e += 32) {
-        float v = 0.0f;
-        for (int s = 0; s < S; s++)
-            if (wbuf[wp][s] != 0.0f)
-                v = fmaf(wbuf[wp][s], acc[((size_t)s * TH + o) * E + e], v);
-        out[(size_t)o * E + e] = v * inv;
+    for (int e = tid; e < E; e += 32 * AK_MERGE_W) {
+        float x = 0.0f;
+        for (int w = 0; w < AK_MERGE_W; w++)
+            x += part[w][e];
+        out[(size_t)o * E + e] = x * inv;
     }
 }
 
@@ -925,12 +958,25 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB>::NW) ak_dec(ak_args
                 ak_mma16816(S[nb], af, qh[nb][ks][0], qh[nb][ks][1]);
             }
         }
-        float kA = a.scale, kB = a.scale, dvA = 1.0f, dvB = 1.0f;
+        float kA = a.scale, kB = a.scale, dvA = 1.0f, dvB = 1.0f, dm = 1.0f;
         if constexpr (ROW == ROW_I8) {
             kA *= *(const float *)(kst + g * KS);
             kB *= *(const float *)(kst + (g + 8) * KS);
+            /* the V scales enter P relative to dm, the power of two just
+             * above the step's largest (Oᵀ is kept divided by dm meanwhile,
+             * exactly): P·d/dm lies in [0, 1] as P does, never among f16's
+             * subnormals because a row's values are small */
             dvA = *(const float *)(vst + g * VS);
             dvB = *(const float *)(vst + (g + 8) * VS);
+            float dx = fmaxf(dvA, dvB);
+            dx = fmaxf(dx, gpu_shfl_xor(dx, 4));
+            dx = fmaxf(dx, gpu_shfl_xor(dx, 8));
+            dx = fmaxf(dx, gpu_shfl_xor(dx, 16));
+            int ex = 0;
+            frexpf(dx, &ex);
+            dm = dx > 0.0f ? ldexpf(1.0f, ex) : 1.0f;
+            dvA /= dm;
+            dvB /= dm;
         }
         int entA = c0 + g, entB = c0 + g + 8;
 #pragma unroll
@@ -959,12 +1005,13 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB>::NW) ak_dec(ak_args
             l[nb][1] = l[nb][1] * al1 + (p1 + p3);
             m[nb][0] = n0;
             m[nb][1] = n1;
+            float oa0 = al0 / dm, oa1 = al1 / dm;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                O[nb][mt][0] *= al0;
-                O[nb][mt][1] *= al1;
-                O[nb][mt][2] *= al0;
-                O[nb][mt][3] *= al1;
+                O[nb][mt][0] *= oa0;
+                O[nb][mt][1] *= oa1;
+                O[nb][mt][2] *= oa0;
+                O[nb][mt][3] *= oa1;
             }
             float *pr = ps + (8 * nb + 2 * t4) * PLD;
             pr[g] = p0 * dvA;
@@ -1015,6 +1062,15 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB>::NW) ak_dec(ak_args
                 ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][0], pl[nb][1]);
                 ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][0], ph[nb][1]);
             }
+        }
+        if constexpr (ROW == ROW_I8) {
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        O[nb][mt][i] *= dm;
         }
         __syncwarp(); /* the stage and the Pᵀ tile are read */
     }
@@ -1263,7 +1319,7 @@ static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gp
                            size_t errlen)
 {
     int TH = g->T * g->H;
-    ak_merge<<<(TH + 3) / 4, 128, 0, st>>>(a.ml, a.acc, S, TH, g->kv.E, g->out);
+    ak_merge<<<TH, 32 * AK_MERGE_W, 0, st>>>(a.ml, a.acc, S, TH, g->kv.E, g->out);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
@@ -1342,6 +1398,14 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int sms, gpuStream_
         akd_pick<ROW_F16>(a.E, nb, &fn, &smem, &nw);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
             errlen);
+    /* 59-79 KB a block: without a preference the driver may size the
+     * shared-memory carveout for one block per SM (H200 run: f16 and int8
+     * at 32K took the same 71-75 µs, latency- not bandwidth-bound); the
+     * kernel reads little through L1, so ask for the largest carveout (3
+     * blocks per SM on sm_90). A hint: results are unchanged either way. */
+    GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared),
+            err, errlen);
     fn<<<dim3(S, a.K, Z), 32 * nw, smem, st>>>(a);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return ak_launch_merge(g, a, S, st, err, errlen);
