@@ -5,10 +5,13 @@
 # nothing and should spend its time running, not compiling, so everything is
 # built beforehand into DIR:
 #
-#   make GPU=cuda CUDA_ARCH=90 MARCH=x86-64-v3 B=carry/gpu carry/gpu/test carry/gpu/strata.o
-#   nvcc -cudart static -o carry/gpu/strata $(ls carry/gpu/*.o | grep -v /test) -lm -lpthread
-#   mkdir -p carry/gpu/testdata && cp ../shared/testdata/tiny-qwen3-Q4_K_M.* \
-#     ../shared/testdata/tiny-llama-spm-Q8_0.* ../shared/testdata/vocab/ggml-vocab-qwen2.gguf carry/gpu/testdata/
+#   make GPU=cuda CUDA_ARCH=90 MARCH=x86-64-v3 B=build-gpu build-gpu/test build-gpu/strata.o
+#   mkdir -p carry/gpu/testdata && cp build-gpu/test carry/gpu/ &&
+#   nvcc -cudart static -o carry/gpu/strata $(ls build-gpu/*.o | grep -v /test) -lm -lpthread &&
+#   cp ../shared/testdata/tiny-qwen3-Q4_K_M.gguf carry/gpu/testdata/
+#
+# (64 MiB travel with a run, the working tree included: one tiny model; the
+# synthetic models get synth's own plain vocabulary.)
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
 # (each model step writes its model to /tmp, benchmarks it and deletes it).
@@ -21,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 
 bench_model() { # name shape type
     local m=$T/$1.gguf t0=$SECONDS
-    $S synth --shape "$2" --type "$3" --vocab "$D/testdata/ggml-vocab-qwen2.gguf" -o "$m" >/dev/null || return
+    $S synth --shape "$2" --type "$3" -o "$m" >/dev/null || return
     echo "== $1 (synth $((SECONDS - t0)) s)"
     $S bench -m "$m" --device gpu -p 512 -n 128 -r 5 -c 1024 2>/dev/null
     $S bench -m "$m" --device gpu -p 4096 -n 0 -r 5 -c 4096 2>/dev/null | grep -E '^prompt'

@@ -379,9 +379,11 @@ static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, in
     }
 }
 
-/* Each warp takes R consecutive rows (they may straddle two matrices of a
- * launch); per step a lane loads two units of each row before using any, and
- * the rows meet the same activation values (loaded once: no stores between). */
+/* The batched kernel (short prompts, and prompt matrices gpu_gemm does not
+ * take): each warp takes R consecutive rows (they may straddle two matrices
+ * of a launch) against NT tokens; per step a lane loads two units of each row
+ * before using any, and the rows meet the same activation values (loaded
+ * once: no stores between). */
 template <class Q, int NT, int R>
 __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 {
@@ -440,6 +442,131 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
         }
 }
 
+/* ==== the decode matrix-vector kernel (one activation row per group) ====
+ * Decode streams every weight byte once, so the kernel is shaped for memory
+ * bandwidth: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
+ * memory with aligned 16-byte loads (fully coalesced whatever the block
+ * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
+ * chunk's loads are in flight while its lanes decode the current chunk from
+ * shared memory with the unit structs above. A chunk of GF_MV1_CHUNK bytes
+ * is one Q4_K row of 4096: the common rows take one or three chunks. On the
+ * H200 the loads now keep up and the unit decode bounds it (BENCH.md). */
+#define GF_MV1_WARPS 8
+#define GF_MV1_R 2
+#define GF_MV1_CHUNK 2304
+
+template <class Q>
+struct gf_mv1_shape {
+    enum {
+        CB = GF_MV1_CHUNK / Q::BYTES,                  /* weight blocks per chunk at most */
+        NV = (CB * Q::BYTES + 15) / 16 + 1,            /* 16-byte vectors: the chunk, one more when unaligned */
+        NVL = (NV + GPU_WARP - 1) / GPU_WARP           /* per lane */
+    };
+};
+
+/* a weight byte read once: evict it first (the activation stays in L1) */
+static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
+{
+#ifdef GPU_CUDA
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+/* Loads chunk k (blocks k*cb .. of nb) of the R rows at w[] into v: the
+ * 16-byte vectors that cover it, so up to 15 bytes before and after it (at
+ * a row's end: still inside the weights' 256-byte-aligned allocation). */
+template <class Q>
+static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_shape<Q>::NVL],
+                                                    const uint8_t *const (&w)[GF_MV1_R], int k, int cb, int nb,
+                                                    int lane)
+{
+    int nbk = min(cb, nb - k * cb);
+#pragma unroll
+    for (int j = 0; j < GF_MV1_R; j++) {
+        const uint8_t *s = w[j] + (size_t)k * cb * Q::BYTES;
+        const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
+        int nvec = ((int)((uintptr_t)s & 15) + nbk * Q::BYTES + 15) >> 4;
+#pragma unroll
+        for (int i = 0; i < gf_mv1_shape<Q>::NVL; i++)
+            if (lane + i * GPU_WARP < nvec)
+                v[j][i] = gf_ld_stream(a + lane + i * GPU_WARP);
+    }
+}
+
+template <class Q>
+__global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p)
+{
+    typedef gf_mv1_shape<Q> S;
+    __shared__ int4 sm[GF_MV1_WARPS][GF_MV1_R][S::NV];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int r0 = (blockIdx.x * GF_MV1_WARPS + warp) * GF_MV1_R, total = p.end[p.parts - 1];
+    /* no early return: every warp takes part in the block's barriers; rows
+     * past the end are copies of the last row, not written */
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    const uint8_t *w[GF_MV1_R];
+    int part[GF_MV1_R], rr[GF_MV1_R];
+#pragma unroll
+    for (int j = 0; j < GF_MV1_R; j++) {
+        int r = r0 + j < total ? r0 + j : total - 1;
+        part[j] = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
+        rr[j] = r - (part[j] ? p.end[part[j] - 1] : 0);
+        w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
+    }
+    int nb = p.n / Q::BLK, nch = (nb + S::CB - 1) / S::CB, cb = (nb + nch - 1) / nch; /* balanced chunks */
+    float acc[GF_MV1_R];
+#pragma unroll
+    for (int j = 0; j < GF_MV1_R; j++)
+        acc[j] = 0.0f;
+    int4 v[GF_MV1_R][S::NVL];
+    gf_mv1_fetch<Q>(v, w, 0, cb, nb, lane);
+    for (int k = 0; k < nch; k++) {
+        int kb = k * cb, nbk = min(cb, nb - kb);
+        const uint8_t *sb[GF_MV1_R];
+#pragma unroll
+        for (int j = 0; j < GF_MV1_R; j++) {
+            uintptr_t s = (uintptr_t)(w[j] + (size_t)kb * Q::BYTES);
+            int nvec = ((int)(s & 15) + nbk * Q::BYTES + 15) >> 4;
+#pragma unroll
+            for (int i = 0; i < S::NVL; i++)
+                if (lane + i * GPU_WARP < nvec)
+                    sm[warp][j][lane + i * GPU_WARP] = v[j][i];
+            sb[j] = (const uint8_t *)sm[warp][j] + (s & 15);
+        }
+        __syncthreads();
+        if (k + 1 < nch)
+            gf_mv1_fetch<Q>(v, w, k + 1, cb, nb, lane);
+        for (int u = lane; u < nbk * Q::UNITS; u += GPU_WARP) {
+            int b = u / Q::UNITS;
+            size_t bg = (size_t)kb + b;
+#pragma unroll
+            for (int j = 0; j < GF_MV1_R; j++) {
+                Q q;
+                q.load(sb[j] + b * Q::BYTES, u % Q::UNITS);
+                if constexpr (Q::FLOAT)
+                    acc[j] += q.dotf(p.af + arow * p.n + bg * Q::BLK);
+                else
+                    acc[j] += q.dot(p.aq + arow * p.n + bg * Q::BLK,
+                                    p.ads + arow * (p.n / GF_AB) + bg * Q::BLK / GF_AB);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < GF_MV1_R; j++) {
+        float s = warp_sum(acc[j]);
+        if (lane == 0 && r0 + j < total) {
+            float *yp = p.y[part[j]] + (size_t)g * p.y_g[part[j]] + rr[j];
+            if (p.bias[part[j]])
+                s = s + p.bias[part[j]][rr[j]];
+            if (p.accumulate)
+                s = s + *yp;
+            *yp = s;
+        }
+    }
+}
+
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
 
 enum { GF_ACT_PLAIN, GF_ACT_NORM, GF_ACT_SWIGLU };
@@ -465,47 +592,69 @@ static __device__ double gf_block_sum(double v)
  * steps: squares summed in double, scale = 1/sqrtf(mean + eps), two
  * multiplications), silu(x)·x2 (SWIGLU); written as f32 to yf (may be NULL,
  * may be x) and as int8 blocks of 32 the way quant.c's Q8_0/Q8_1 quantise
- * (d = amax/127 stored as f16, multiplier 127/amax, round to nearest even). */
-#define GF_ACT_CHUNK 1024  /* elements per block: a row is spread over several blocks */
+ * (d = amax/127 stored as f16, multiplier 127/amax, round to nearest even).
+ * Each thread takes 4 elements (one 16-byte load), 8 threads a block of 32;
+ * a row is spread over blocks of GF_ACT_CHUNK elements (blockIdx.y). */
+#define GF_ACT_THREADS 256
+#define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 
 template <int MODE>
-__global__ void gf_act_kernel(const float *x, const float *x2, const float *w, float eps, int n, float *yf,
-                              int8_t *q, gf_ads *ds)
+__global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
+                                                                float eps, int n, float *yf, int8_t *q, gf_ads *ds)
 {
     size_t row = blockIdx.x;
-    const float *xr = x + row * n;
+    const float4 *xr = (const float4 *)(x + row * n);
     float scale = 1.0f;
     if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
         double s = 0;
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            s += (double)__fmul_rn(xr[i], xr[i]);
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            float4 v = xr[i];
+            s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+                 (double)__fmul_rn(v.w, v.w);
+        }
         s = gf_block_sum(s);
         scale = 1.0f / sqrtf((float)(s / n) + eps);
     }
-    /* groups of GF_AB lanes (two per warp where GPU_WARP is 64), one block each */
-    int l = threadIdx.x % GF_AB, ng = blockDim.x / GF_AB;
-    int b0 = blockIdx.y * (GF_ACT_CHUNK / GF_AB), b1 = min(n / GF_AB, b0 + GF_ACT_CHUNK / GF_AB);
-    for (int b = b0 + threadIdx.x / GF_AB; b < b1; b += ng) {
-        int i = b * GF_AB + l;
-        float v = xr[i];
-        if (MODE == GF_ACT_NORM)
-            v = __fmul_rn(__fmul_rn(v, scale), w[i]);
-        else if (MODE == GF_ACT_SWIGLU)
-            v = __fmul_rn(v / (1.0f + expf(-v)), x2[row * n + i]);
-        float amax = fabsf(v);
-        for (int m = GF_AB / 2; m > 0; m >>= 1)
-            amax = fmaxf(amax, gpu_shfl_xor(amax, m));
-        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        float r = rintf(__fmul_rn(v, id));
-        int qi = (int)fminf(fmaxf(r, -128.0f), 127.0f);
-        float sum = (float)qi;
-        for (int m = GF_AB / 2; m > 0; m >>= 1)
-            sum += gpu_shfl_xor(sum, m);
-        if (yf)
-            yf[row * n + i] = v;
-        q[row * n + i] = (int8_t)qi;
-        if (l == 0)
-            ds[row * (n / GF_AB) + b] = make_float4(gf_h2f(gf_f2h(d)), gf_h2f(gf_f2h(__fmul_rn(d, sum))), sum, 0.0f);
+    /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
+    int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (ok) {
+        float4 a = xr[i4];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        if (MODE == GF_ACT_NORM) {
+            float4 g = ((const float4 *)w)[i4];
+            float gw[4] = {g.x, g.y, g.z, g.w};
+            for (int k = 0; k < 4; k++)
+                v[k] = __fmul_rn(__fmul_rn(v[k], scale), gw[k]);
+        } else if (MODE == GF_ACT_SWIGLU) {
+            float4 u = ((const float4 *)(x2 + row * n))[i4];
+            float uw[4] = {u.x, u.y, u.z, u.w};
+            for (int k = 0; k < 4; k++)
+                v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
+        }
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int m = GF_AB / 8; m > 0; m >>= 1)
+        amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+    float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int qi[4], sum = 0;
+    for (int k = 0; k < 4; k++) {
+        float r = rintf(__fmul_rn(v[k], id));
+        qi[k] = (int)fminf(fmaxf(r, -128.0f), 127.0f);
+        sum += qi[k];
+    }
+    for (int m = GF_AB / 8; m > 0; m >>= 1)
+        sum += gpu_shfl_xor(sum, m);
+    if (!ok)
+        return;
+    if (yf)
+        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
+    ((char4 *)(q + row * n))[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
+                                              (signed char)qi[3]);
+    if (i4 % (GF_AB / 4) == 0) {
+        float fs = (float)sum;
+        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] =
+            make_float4(gf_h2f(gf_f2h(d)), gf_h2f(gf_f2h(__fmul_rn(d, fs))), fs, 0.0f);
     }
 }
 
@@ -1091,15 +1240,13 @@ const struct kv_mem *gpu_kv_mem(struct gpu_model *g)
 
 #define GF_LAUNCH_CHECK(err, errlen) GPU_TRY(gpuGetLastError(), err, errlen)
 
-#define GF_MV_R 2   /* rows per warp in decode */
-
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1];
     if (nt == 1) {
-        dim3 grid((rows + GF_MV_WARPS * GF_MV_R - 1) / (GF_MV_WARPS * GF_MV_R), groups);
-        gf_mv_kernel<Q, 1, GF_MV_R><<<grid, GF_MV_WARPS * GPU_WARP, 0, s>>>(p);
+        dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
+        gf_mv1_kernel<Q><<<grid, GF_MV1_WARPS * GPU_WARP, 0, s>>>(p);
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
         gf_mv_kernel<Q, GF_NT, 1><<<grid, GF_MV_WARPS * GPU_WARP, 0, s>>>(p);
@@ -1135,7 +1282,7 @@ static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, cons
 {
     if (T <= 0)
         return 0;
-    int threads = 256;
+    int threads = GF_ACT_THREADS;
     dim3 grid(T, (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK);
     if (mode == GF_ACT_NORM)
         gf_act_kernel<GF_ACT_NORM><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
@@ -1216,19 +1363,32 @@ static int gf_matmul(struct gpu_ctx *c, const struct gf_mat *w, const float *af,
     return gf_matmul_n(c, &o, 1, af, T, accumulate, err, errlen);
 }
 
-/* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] by
- * activation row i / a_div into y + i*w->rows. */
-static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *w, const float *af, int a_div, int n_groups,
-                             float *y, char *err, size_t errlen)
+/* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
+ * each stack w[k] by activation row i / a_div into y[k] + i*rows: the gate
+ * and up stacks in one launch when they share type and shape. */
+static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w,
+                             const float *af, int a_div, int n_groups, char *err, size_t errlen)
 {
-    gf_mv p;
-    memset(&p, 0, sizeof p);
-    p.w[0] = w->d, p.end[0] = p.end[1] = p.end[2] = w->rows, p.parts = 1;
-    p.y[0] = y, p.y_g[0] = (size_t)w->rows;
-    p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
-    p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
-    p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
-    return gf_mv_launch(w->type, p, n_groups, 1, c->stream, err, errlen);
+    for (int i = 0; i < n_w;) {
+        gf_mv p;
+        memset(&p, 0, sizeof p);
+        p.ldw = w[i]->ldw, p.estride = w[i]->stride, p.n = w[i]->n;
+        p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
+        p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
+        int j = i;
+        for (; j < n_w && j - i < GF_PARTS && w[j]->type == w[i]->type && w[j]->n == w[i]->n &&
+               w[j]->ldw == w[i]->ldw && w[j]->stride == w[i]->stride && w[j]->rows == w[i]->rows; j++) {
+            int k = p.parts++;
+            p.w[k] = w[j]->d, p.end[k] = (k ? p.end[k - 1] : 0) + w[j]->rows;
+            p.y[k] = y[j], p.y_g[k] = (size_t)w[j]->rows;
+        }
+        for (int k = p.parts; k < GF_PARTS; k++)
+            p.end[k] = p.end[p.parts - 1];
+        if (gf_mv_launch(w[i]->type, p, n_groups, 1, c->stream, err, errlen))
+            return -1;
+        i = j;
+    }
+    return 0;
 }
 
 static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
@@ -1305,10 +1465,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return -1;
     gf_route_kernel<<<T, GPU_WARP, (size_t)X * sizeof(float), s>>>(c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
-    if (gf_matmul_experts(c, &ly->gate_exps, c->xn, U, T * U, c->gt, err, errlen) ||
-        gf_matmul_experts(c, &ly->up_exps, c->xn, U, T * U, c->up, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+    const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
+    float *gu_y[2] = {c->gt, c->up};
+    if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
         gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
-        (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &ly->down_exps, c->gt, 1, T * U, c->eo, err, errlen))
+        (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen))
         return -1;
     gf_moe_sum_kernel<<<T, 256, 0, s>>>(c->x, c->eo, c->selw, D, U);
     GF_LAUNCH_CHECK(err, errlen);

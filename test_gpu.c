@@ -46,7 +46,10 @@ static void tg_matvec_type(int type)
     snprintf(name, sizeof name, "gpu/matvec %s vs FP64 and quant.c (bound: activation rounding)", qt->name);
     if (!test_begin(name) || !tg_have_device())
         return;
-    enum { N = 1024, ROWS = 67, TMAX = 11 };
+    /* rows of several chunks of the decode kernel; 161 blocks of 32 make
+     * rows that start off 16-byte boundaries */
+    enum { ROWS = 67, TMAX = 11, NMAX = 5152 };
+    int N = qt->blck == 256 ? 5120 : NMAX;
     unsigned seed = 1234u + (unsigned)type;
     size_t ldw = quant_row_bytes(type, N);
     uint8_t *w = malloc(ldw * ROWS);
@@ -54,7 +57,7 @@ static void tg_matvec_type(int type)
     float *y = malloc(sizeof(float) * ROWS * TMAX);
     const struct quant_type *at = quant_type(qt->dot_type);
     void *aq = malloc(quant_row_bytes(qt->dot_type, N) + 64);
-    float tmp[N];
+    float tmp[NMAX];
     for (int r = 0; r < ROWS; r++) {
         for (int i = 0; i < N; i++)
             tmp[i] = test_randf(&seed) * (0.5f + (r % 5));
