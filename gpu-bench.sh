@@ -15,11 +15,14 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
 # (each model step writes its model to /tmp, benchmarks it and deletes it).
+# STRATA=path runs another strata binary; BUDGET=s skips the steps that would
+# start after s seconds (a run has a time limit).
 set -u
 D=$1
 shift
 T=${TMPDIR:-/tmp}
-S=$D/strata
+S=${STRATA:-$D/strata}
+BUDGET=${BUDGET:-86400}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
 
 bench_model() { # name shape type
@@ -37,6 +40,10 @@ bench_model() { # name shape type
 }
 
 for step in "$@"; do
+    if ((SECONDS > BUDGET)); then
+        echo "== $step skipped: past the budget of $BUDGET s"
+        continue
+    fi
     case $step in
     tests) STRATA_TESTDATA=$D/testdata "$D/test" gpu/ 2>&1 | tail -n 60 ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;

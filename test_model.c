@@ -763,9 +763,9 @@ static void test_exhausted_pool(void)
     struct seq_env e;
     struct model_ctx *c = NULL;
     char err[256] = "";
-    int32_t *t = malloc(2400 * sizeof *t);
+    int32_t *t = malloc(2400 * sizeof *t);   /* 2021 used */
     float *l1 = malloc(96 * sizeof(float)), *l2 = malloc(96 * sizeof(float));
-    if (seq_env_open(&e, &cfg) != 0 || !(c = seq_ctx(&e, 0, 2, 1)))
+    if (seq_env_open(&e, &cfg) != 0 || !(c = seq_ctx(&e, 0, 3, 1)))
         goto done;
     struct kv *kv = model_kv(c);
     struct kv_stats st;
@@ -784,8 +784,24 @@ static void test_exhausted_pool(void)
     CHECK(kv_seq_len(kv, 0) == 1201, "the other sequence holds %d cells", kv_seq_len(kv, 0));
     CHECK(model_eval(c, 0, t + 1200, 1, 1200, l2, 0, err, sizeof err) == 0 &&
           memcmp(l1, l2, 96 * sizeof(float)) == 0, "the other sequence's step changed (%s)", err);
-    /* what fits still runs */
+    /* what fits still runs (448 of its cells come from the failed prompt's pages) */
     CHECK(model_eval(c, s1, t + 1201, 500, 0, l2, 0, err, sizeof err) == 0, "a prompt that fits: %s", err);
+    /* the last 5 pages to a third sequence; then a decode batch whose last
+     * sequence needs a new page fails, and the others' cells are as before */
+    int s2 = kv_seq_new(kv, err, sizeof err), seqs[3] = {0, s1, s2};
+    int32_t next[3] = {1, 2, 3};
+    float *lb = malloc(3 * 96 * sizeof(float));
+    if (CHECK(s2 == 2, "third sequence: %s", err) &&
+        CHECK(model_eval(c, s2, t + 1701, 320, 0, NULL, 0, err, sizeof err) == 0, "eval: %s", err)) {
+        kv_stats(kv, &st);
+        CHECK(st.free == 0 && st.idle == 0, "pool not full: %d free, %d idle", st.free, st.idle);
+        rc = model_decode_batch(c, seqs, next, 3, lb, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, "KV cache exhausted"), "a batch past the pool: rc %d, '%s'", rc, err);
+        CHECK(kv_seq_len(kv, 0) == 1201 && kv_seq_len(kv, s1) == 500 && kv_seq_len(kv, s2) == 320,
+              "a failed batch left %d, %d, %d cells", kv_seq_len(kv, 0), kv_seq_len(kv, s1), kv_seq_len(kv, s2));
+        CHECK(model_decode_batch(c, seqs, next, 2, lb, err, sizeof err) == 0, "a batch that fits: %s", err);
+    }
+    free(lb);
 done:
     free(t), free(l1), free(l2);
     model_ctx_free(c);
