@@ -180,37 +180,44 @@ struct gf_q8_0 {
     }
 };
 
-/* Q4_K: unit u holds 16 bytes of nibbles: 16 elements of sub-block 2p (low
- * nibbles) and 16 of sub-block 2p+1 (high), p = u/2; the unit with u even
- * adds both sub-blocks' min terms. */
+/* Q4_K: unit p (of 4) is the sub-block pair 2p, 2p+1: 32 bytes of nibbles,
+ * low for sub-block 2p, high for 2p+1. The header (d, dmin, twelve 6-bit
+ * scale bytes) is read as four words and the pair's two scales and mins are
+ * cut out of them with shifts and masks, the same for every p (selects, no
+ * branch that splits a warp). */
 struct gf_q4_K {
-    enum { BLK = 256, BYTES = 144, UNITS = 8, FLOAT = 0 };
-    float dlo, dhi, mlo, mhi;
-    int q[4], u;
+    enum { BLK = 256, BYTES = 144, UNITS = 4, FLOAT = 0 };
+    float dl, dh, ml, mh;
+    int4 w0, w1;
+    int p;
     __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
-        int p = unit >> 1, sc0, m0, sc1, m1;
-        float d = gf_h2f(gf_ld16(bx)), dmin = gf_h2f(gf_ld16(bx + 2));
-        gf_k4_scale_min(2 * p, bx + 4, &sc0, &m0);
-        gf_k4_scale_min(2 * p + 1, bx + 4, &sc1, &m1);
-        dlo = d * sc0;
-        dhi = d * sc1;
-        mlo = (unit & 1) ? 0.0f : dmin * m0;
-        mhi = (unit & 1) ? 0.0f : dmin * m1;
-        const int4 w = ((const int4 *)(bx + 16))[unit];
-        q[0] = w.x, q[1] = w.y, q[2] = w.z, q[3] = w.w;
+        p = unit;
+        const uint32_t *h = (const uint32_t *)bx;
+        uint32_t dd = h[0], sh = 16 * (unit & 1);
+        uint32_t a0 = h[1] >> sh, a1 = h[2] >> sh, a2 = h[3] >> sh;
+        /* bytes 0 and 1: sub-blocks 2p and 2p+1 (quant.c's get_scale_min_k4) */
+        uint32_t sc = unit < 2 ? a0 & 0x3f3f : (a2 & 0x0f0f) | ((a0 >> 2) & 0x3030);
+        uint32_t mn = unit < 2 ? a1 & 0x3f3f : ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030);
+        float d = gf_h2f((uint16_t)(dd & 0xffff)), dmin = gf_h2f((uint16_t)(dd >> 16));
+        dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
+        ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
+        const int4 *q = (const int4 *)(bx + 16) + 2 * unit;
+        w0 = q[0], w1 = q[1];
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        int p = u >> 1, l0 = 16 * (u & 1);
-        const int4 al = *(const int4 *)(aq + 64 * p + l0), ah = *(const int4 *)(aq + 64 * p + 32 + l0);
-        const int a0[4] = {al.x, al.y, al.z, al.w}, a1[4] = {ah.x, ah.y, ah.z, ah.w};
+        const int4 *a = (const int4 *)(aq + 64 * p);
+        const int4 x0 = a[0], x1 = a[1], y0 = a[2], y1 = a[3];
+        const int q[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        const int ax[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const int ay[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
         int s0 = 0, s1 = 0;
-        for (int i = 0; i < 4; i++) {
-            s0 = gpu_dp4a(q[i] & 0x0F0F0F0F, a0[i], s0);
-            s1 = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, a1[i], s1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = gpu_dp4a(q[i] & 0x0F0F0F0F, ax[i], s0);
+            s1 = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
         }
         gf_ads b0 = ads[2 * p], b1 = ads[2 * p + 1];
-        return b0.x * (dlo * (float)s0 - mlo * b0.z) + b1.x * (dhi * (float)s1 - mhi * b1.z);
+        return b0.x * (dl * (float)s0 - ml * b0.z) + b1.x * (dh * (float)s1 - mh * b1.z);
     }
 };
 
@@ -505,6 +512,9 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     /* no early return: every warp takes part in the block's barriers; rows
      * past the end are copies of the last row, not written */
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    const int8_t *aq = p.aq + arow * p.n;
+    const gf_ads *ads = p.ads + arow * (p.n / GF_AB);
+    const float *af = p.af + arow * p.n;
     const uint8_t *w[GF_MV1_R];
     int part[GF_MV1_R], rr[GF_MV1_R];
 #pragma unroll
@@ -545,10 +555,9 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
                 Q q;
                 q.load(sb[j] + b * Q::BYTES, u % Q::UNITS);
                 if constexpr (Q::FLOAT)
-                    acc[j] += q.dotf(p.af + arow * p.n + bg * Q::BLK);
+                    acc[j] += q.dotf(af + bg * Q::BLK);
                 else
-                    acc[j] += q.dot(p.aq + arow * p.n + bg * Q::BLK,
-                                    p.ads + arow * (p.n / GF_AB) + bg * Q::BLK / GF_AB);
+                    acc[j] += q.dot(aq + bg * Q::BLK, ads + bg * Q::BLK / GF_AB);
             }
         }
         __syncthreads();
