@@ -1069,6 +1069,36 @@ int gpu_devices(char *name, size_t cap)
     return n;
 }
 
+double gpu_copy_bandwidth(size_t bytes)
+{
+    void *a = NULL, *b = NULL;
+    gpuEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0;
+    double bw = 0;
+    enum { REPS = 5 };
+    if (gpuMalloc(&a, bytes) == gpuSuccess && gpuMalloc(&b, bytes) == gpuSuccess &&
+        gpuMemset(a, 1, bytes) == gpuSuccess && gpuEventCreate(&e0) == gpuSuccess &&
+        gpuEventCreate(&e1) == gpuSuccess &&
+        gpuMemcpy(b, a, bytes, gpuMemcpyDeviceToDevice) == gpuSuccess && /* warm-up */
+        gpuEventRecord(e0, 0) == gpuSuccess) {
+        int ok = 1;
+        for (int r = 0; r < REPS && ok; r++)
+            ok = gpuMemcpyAsync(r % 2 ? a : b, r % 2 ? b : a, bytes, gpuMemcpyDeviceToDevice, 0) == gpuSuccess;
+        if (ok && gpuEventRecord(e1, 0) == gpuSuccess && gpuEventSynchronize(e1) == gpuSuccess &&
+            gpuEventElapsedTime(&ms, e0, e1) == gpuSuccess && ms > 0)
+            bw = 2.0 * (double)bytes * REPS / (ms * 1e-3); /* each byte read once and written once */
+    }
+    if (e0)
+        gpuEventDestroy(e0);
+    if (e1)
+        gpuEventDestroy(e1);
+    if (a)
+        gpuFree(a);
+    if (b)
+        gpuFree(b);
+    return bw;
+}
+
 /* ---- weights ---- */
 
 static size_t gf_align(size_t n) { return (n + 255) & ~(size_t)255; }

@@ -14,6 +14,12 @@ int gpu_devices(char *name, size_t cap)
     return 0;
 }
 
+double gpu_copy_bandwidth(size_t bytes)
+{
+    (void)bytes;
+    return 0;
+}
+
 static int no_gpu(char *err, size_t errlen)
 {
     return strata_errf(err, errlen, "this strata was built without a GPU backend (build with make cuda or make hip)");

@@ -1063,13 +1063,17 @@ static int cmd_bench(struct opts *o)
         reused = model_last_reused(c);
         fprintf(stderr, "rep %d: prefix cold %.1f ms, warm %.1f ms (%d reused)\n", r + 1, cold[r], warm[r], reused);
     }
-    size_t bw_size;
-    double bw = read_bandwidth(pool, &bw_size), dec = (double)model_decode_bytes(m);
+    /* the bound: the device's bandwidth (a copy on the GPU, a read loop on
+     * the CPU) over the bytes a decode step reads */
+    int gpu = model_ctx_device(c) == MODEL_DEV_GPU;
+    size_t bw_size = (size_t)1 << 30;
+    double bw = gpu ? gpu_copy_bandwidth(bw_size) : read_bandwidth(pool, &bw_size);
+    double dec = (double)model_decode_bytes(m);
     /* each decode step also reads every cell it attends to, K twice with
-     * F16 cells (attn.c's reference mode takes a second pass over K) */
+     * F16 cells on the CPU (attn.c's reference mode takes a second pass over K) */
     struct kv_stats st;
     kv_stats(model_kv(c), &st);
-    double cell_reads = o->kv == KV_CELL_F16 ? 1.5 * st.cell_bytes : (double)st.cell_bytes;
+    double cell_reads = o->kv == KV_CELL_F16 && !gpu ? 1.5 * st.cell_bytes : (double)st.cell_bytes;
     double kv_dec = ng > 0 ? (d + np + (ng - 1) / 2.0 + 1) * cell_reads : 0;
     double bound = bw > 0 && dec > 0 ? bw / (dec + kv_dec) : 0, tg_med = median(tg, reps);
     printf("%-14s %s (%s, %.1f MiB; decode reads %.1f MiB/token)\n", "model", o->model,
@@ -1090,8 +1094,11 @@ static int cmd_bench(struct opts *o)
         printf("%-14s %-8d %12.2f ms (%d from the prefix cache)\n", "prefix warm", nx + np, median(warm, reps),
                reused);
     }
-    printf("%-14s %.2f GB/s (read, %d threads, %.0f MiB buffer)\n", "bandwidth", bw / 1e9, o->threads,
-           mib(bw_size));
+    if (gpu)
+        printf("%-14s %.2f GB/s (device copy of %.0f MiB, read + write)\n", "bandwidth", bw / 1e9, mib(bw_size));
+    else
+        printf("%-14s %.2f GB/s (read, %d threads, %.0f MiB buffer)\n", "bandwidth", bw / 1e9, o->threads,
+               mib(bw_size));
     if (bound > 0) {
         printf("%-14s %.2f tok/s (bandwidth / decode bytes)\n", "decode bound", bound);
         if (ng > 0)

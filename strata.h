@@ -762,6 +762,10 @@ const char *gpu_backend(void);            /* "cuda", "hip", or "none" in a CPU b
 /* Usable devices: 0 in a CPU build, without a driver or without a device
  * (never an error); name (may be NULL) gets the first one's name. */
 int gpu_devices(char *name, size_t cap);
+/* The first device's memory bandwidth in bytes/s: a device-to-device copy of
+ * `bytes`, counting each byte read and written (what decode's bound uses);
+ * 0 when there is no device or a call fails. */
+double gpu_copy_bandwidth(size_t bytes);
 int gpu_model_new(struct gpu_model **g, const struct model *m, char *err, size_t errlen);
 void gpu_model_free(struct gpu_model *g);
 size_t gpu_model_bytes(const struct gpu_model *g);   /* device memory the weights take */
