@@ -2,10 +2,12 @@
  * strata.h — Strata's public C API and the types shared between its files.
  *
  * A program that vendors Strata includes this header and compiles the .c files
- * beside it (all but strata.c and test.c). The public calls are at the bottom
+ * beside it (all but strata.c and the test files; for a GPU build the .cu/.hip
+ * files in place of gpu_none.c, as the Makefile does). The public calls are at the bottom
  * ("Public API"); the sections above them are the internal interfaces between
  * subsystems, one section per file, each with the prefix of the file that
- * defines it (gguf_, quant_, tok_, pool_, model_, sample_, json_, synth_).
+ * defines it (gguf_, quant_, tok_, pool_, model_, sample_, json_, synth_,
+ * chat_, sched_, http_, kv_, attn_, gpu_). The GPU files share gpu.h too.
  *
  * Shape letters used in comments: T tokens, D model width, H query heads,
  * K kv heads, E head dim, F feed-forward width, X experts, V vocab, C cells.
