@@ -329,7 +329,7 @@ static int ob_close(struct obuf *o)
 
 struct serve_opts {
     const char *model, *host, *api_key;
-    int n_ctx, kv, kv_mem, parallel, port, threads, max_conns, timeout_s;
+    int n_ctx, kv, kv_mem, parallel, port, threads, max_conns, timeout_s, device, prefill_chunk;
     size_t max_body;
     struct sample_params sp;   /* what a request without those fields gets */
     int have_seed;
@@ -2045,6 +2045,9 @@ static const char serve_usage[] =
     "  --kv-mem MIB        one KV pool of this many MiB shared by the slots\n"
     "                      (default: --parallel sequences of -c cells)\n"
     "  --parallel N        slots: requests generated at once (default 4)\n"
+    "  --device D          auto (default: the GPU when the build has one and finds a\n"
+    "                      device), cpu, or gpu (cuda, hip)\n"
+    "  --prefill-chunk N   prompt tokens per forward chunk (default 512)\n"
     "  --host H            address to listen on (default 127.0.0.1)\n"
     "  --port P            port (default 8080; 0: any free port, printed at start-up)\n"
     "  --api-key KEY       require Authorization: Bearer KEY\n"
@@ -2122,6 +2125,11 @@ static int parse_serve_opts(int argc, char **argv, struct serve_opts *o)
                 rc = opt_fail("--kv: '%s' is not f16, f32, int8, q4 or k8v4", v);
         } else if (!strcmp(a, "--kv-mem"))
             rc = opt_int(a, v, 1, 1 << 24, &o->kv_mem);
+        else if (!strcmp(a, "--device")) {
+            if ((o->device = model_device_parse(v)) < 0)
+                rc = opt_fail("--device: '%s' is not auto, cpu, gpu, cuda or hip", v);
+        } else if (!strcmp(a, "--prefill-chunk"))
+            rc = opt_int(a, v, 1, 1 << 16, &o->prefill_chunk);
         else if (!strcmp(a, "--parallel") || !strcmp(a, "-np"))
             rc = opt_int(a, v, 1, 256, &o->parallel);
         else if (!strcmp(a, "--host"))
@@ -2256,7 +2264,8 @@ static int load(struct server *s)
         fprintf(stderr, "strata serve: warning: %s chat template; chat prompts use ChatML\n",
                 have ? "unrecognised" : "the model has no");
     struct sched_opts so = { .n_slots = s->o.parallel, .n_ctx = s->n_ctx, .kv_cell = s->o.kv,
-                             .kv_mem_mib = s->o.kv_mem, .n_threads = s->o.threads };
+                             .kv_mem_mib = s->o.kv_mem, .n_threads = s->o.threads,
+                             .prefill_chunk = s->o.prefill_chunk, .device = s->o.device };
     if (sched_new(&s->sched, s->model, &so, err, sizeof err) != 0)
         return opt_fail("%s", err);
     s->n_ctx = sched_n_ctx(s->sched);

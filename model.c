@@ -645,6 +645,18 @@ struct model_opts model_opts_default(void)
     return o;
 }
 
+int model_device_parse(const char *name)
+{
+    static const struct { const char *name; int dev; } names[] = {
+        {"auto", MODEL_DEV_AUTO}, {"cpu", MODEL_DEV_CPU}, {"gpu", MODEL_DEV_GPU},
+        {"cuda", MODEL_DEV_GPU}, {"hip", MODEL_DEV_GPU},
+    };
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0)
+            return names[i].dev;
+    return -1;
+}
+
 /* The device a context runs on, and on the GPU the model's weights there
  * (uploaded by the first GPU context, shared by the later ones). */
 static int ctx_device(struct model_ctx *c, const struct model_opts *o, char *err, size_t errlen)

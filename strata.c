@@ -227,13 +227,7 @@ static int parse_value(const struct flag *fl, const char *arg, const char *v, st
             return fail("%s: '%s' is not f16, f32, int8, q4 or k8v4", arg, v);
         return 0;
     case O_DEV:
-        if (strcmp(v, "auto") == 0)
-            o->device = MODEL_DEV_AUTO;
-        else if (strcmp(v, "cpu") == 0)
-            o->device = MODEL_DEV_CPU;
-        else if (strcmp(v, "gpu") == 0 || strcmp(v, "cuda") == 0 || strcmp(v, "hip") == 0)
-            o->device = MODEL_DEV_GPU;
-        else
+        if ((o->device = model_device_parse(v)) < 0)
             return fail("%s: '%s' is not auto, cpu, gpu, cuda or hip", arg, v);
         return 0;
     }

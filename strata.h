@@ -364,6 +364,8 @@ size_t model_decode_bytes(const struct model *m);        /* bytes one decode ste
 /* n_ctx 0, F16 cells, one sequence, MODEL_CHUNK, MODEL_DEV_AUTO, the
  * automatic split, f32ref off. */
 struct model_opts model_opts_default(void);
+/* "auto", "cpu", "gpu" ("cuda" and "hip" too) → enum model_device; -1 if unknown. */
+int model_device_parse(const char *name);
 /* A context: the KV pool (kv_new with the model's shape and o's cells,
  * memory and sequences) and, on the CPU, every buffer evaluation needs
  * (nothing is allocated afterwards); on the GPU the model's weights are

@@ -9,6 +9,7 @@
  */
 #include "test.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,28 @@ unsigned test_rand(unsigned *state)
 float test_randf(unsigned *state)
 {
     return (float)((test_rand(state) >> 8) * (2.0 / 16777216.0) - 1.0);
+}
+
+void test_err_add(struct test_err *e, const float *got, const double *ref, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d != d)
+            d = INFINITY; /* NaN: an output not written, or a bad weight */
+        e->max = d > e->max ? d : e->max;
+        e->ss += d * d;
+        e->n++;
+    }
+}
+
+double test_err_rms(const struct test_err *e)
+{
+    return e->n ? sqrt(e->ss / (double)e->n) : 0;
+}
+
+void test_poison(float *x, size_t n)
+{
+    memset(x, 0xff, n * sizeof *x);
 }
 
 int main(int argc, char **argv)

@@ -30,6 +30,17 @@ int test_slow(void);
 unsigned test_rand(unsigned *state);
 float test_randf(unsigned *state); /* uniform in [-1, 1) */
 
+/* Max abs and RMS error of computed values against a reference; a NaN or
+ * infinite value counts as an infinite error. Zero-initialise, then add. */
+struct test_err {
+    double max, ss;
+    long n;
+};
+void test_err_add(struct test_err *e, const float *got, const double *ref, size_t n);
+double test_err_rms(const struct test_err *e);
+/* Fills x with NaN (0xFF bytes), so that an output left unwritten shows. */
+void test_poison(float *x, size_t n);
+
 void test_gguf(void);
 void test_quant(void);
 void test_tok(void);

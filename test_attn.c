@@ -7,9 +7,12 @@
  * identities (decode S = 1 and QSA over every cell equal the prompt path bit
  * for bit); the reference-engine rounding mode against a model of it; the
  * top-k selection against a sort. attn/bench (STRATA_BENCH=1) times decode.
+ * Defines test_attn.h's harness (inputs, cache, FP64 row, bounds), which the
+ * GPU attention tests share.
  */
 #include "strata.h"
 #include "test.h"
+#include "test_attn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,21 +20,10 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- inputs ---- */
+/* ---- the shared harness (test_attn.h) ---- */
 
-struct adata {
-    int E, G, K, H, C, T;   /* T queries at cells C-T..C-1 */
-    float *q;               /* (T, H, E) */
-    float *k, *v;           /* (C, K, E) the attended layer's rows */
-    int32_t *sel;           /* QSA: the T queries' cell lists */
-    int64_t *off;           /* (T+1) */
-};
-
-/* Keys with a random magnitude per row (int8/q4 scales differ by row),
- * values in [-1, 1], queries with a gain of 1..8 by head so that some heads
- * attend broadly and some sharply. Selection scores on a grid of 1/64 make
- * ties, which attn_topk breaks by cell index. */
-static void make_data(struct adata *d, int E, int G, int K, int C, int T, int topk, int local, unsigned seed)
+void test_attn_make(struct test_attn_data *d, int E, int G, int K, int C, int T, int topk, int local,
+                    unsigned seed, float mag_lo, int grid)
 {
     memset(d, 0, sizeof *d);
     d->E = E, d->G = G, d->K = K, d->H = G * K, d->C = C, d->T = T;
@@ -40,7 +32,7 @@ static void make_data(struct adata *d, int E, int G, int K, int C, int T, int to
     d->v = malloc((size_t)C * K * E * sizeof(float));
     d->q = malloc((size_t)T * d->H * E * sizeof(float));
     for (size_t r = 0; r < (size_t)C * K; r++) {
-        float mag = 0.5f + 0.5f * (test_randf(&st) + 1.0f);
+        float mag = mag_lo + (1.0f - mag_lo) * (test_randf(&st) + 1.0f);
         for (int e = 0; e < E; e++) {
             d->k[r * E + e] = test_randf(&st) * mag;
             d->v[r * E + e] = test_randf(&st);
@@ -59,13 +51,13 @@ static void make_data(struct adata *d, int E, int G, int K, int C, int T, int to
     for (int t = 0; t < T; t++) {
         int n = C - T + t + 1;
         for (int c = 0; c < n; c++)
-            score[c] = (float)(int)(test_randf(&st) * 64) / 64;
+            score[c] = (float)(int)(test_randf(&st) * grid) / grid;
         d->off[t + 1] = d->off[t] + attn_topk(score, n, topk, local, d->sel + d->off[t]);
     }
     free(score);
 }
 
-static void free_data(struct adata *d)
+void test_attn_free(struct test_attn_data *d)
 {
     free(d->q);
     free(d->k);
@@ -74,51 +66,54 @@ static void free_data(struct adata *d)
     free(d->off);
 }
 
-/* A two-layer cache of one sequence in the given format: layer 1 holds the
- * data, layer 0 its negation (a layer mix-up shows). Stored by appends of
- * uneven sizes. */
-static struct kv *make_kv(const struct adata *d, int cell, int P)
+struct kv *test_attn_kv(const struct test_attn_data *d, int cell, int P, int interleave, int *seq)
 {
-    struct kv_config cfg = {2, d->K, d->E, cell, P, 1, d->C, 0, NULL};
+    struct kv_config cfg = {2, d->K, d->E, cell, P, interleave ? 2 : 1, d->C, 0, NULL};
     struct kv *kv;
     char err[256];
     if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
         return NULL;
-    int s = kv_seq_new(kv, err, sizeof err);
+    int other = interleave ? kv_seq_new(kv, err, sizeof err) : -1, s = kv_seq_new(kv, err, sizeof err);
     size_t row = (size_t)d->K * d->E;
-    float *neg = malloc(2 * row * 700 * sizeof *neg);
+    float *neg = malloc(2 * row * 600 * sizeof *neg);
+    int ok = 1;
     for (int c0 = 0; c0 < d->C;) {
-        int n = d->C - c0 < 700 ? d->C - c0 : 700 - (c0 % 3) * 77;
+        int n = 600 - (c0 % 5) * 97;
         n = n < d->C - c0 ? n : d->C - c0;
-        kv_append(kv, s, NULL, n, err, sizeof err);
+        if (interleave && kv_seq_len(kv, other) + P <= d->C)
+            ok &= kv_append(kv, other, NULL, P, err, sizeof err) == 0;
+        ok &= kv_append(kv, s, NULL, n, err, sizeof err) == 0;
         for (size_t i = 0; i < (size_t)n * row; i++) {
             neg[i] = -d->k[c0 * row + i];
             neg[n * row + i] = -d->v[c0 * row + i];
         }
-        CHECK(kv_store(kv, s, 0, c0, n, neg, neg + n * row, err, sizeof err) == 0, "%s", err);
-        CHECK(kv_store(kv, s, 1, c0, n, d->k + c0 * row, d->v + c0 * row, err, sizeof err) == 0, "%s", err);
+        ok &= kv_store(kv, s, 0, c0, n, neg, neg + n * row, err, sizeof err) == 0;
+        ok &= kv_store(kv, s, 1, c0, n, d->k + c0 * row, d->v + c0 * row, err, sizeof err) == 0;
         c0 += n;
     }
     free(neg);
+    if (!CHECK(ok, "building the cache: %s", err)) {
+        kv_free(kv);
+        return NULL;
+    }
+    if (seq)
+        *seq = s;
     return kv;
 }
 
-/* ---- the references ---- */
-
-/* FP64 attention of row (t, h) over its cells (the list, or 0..n-1) of the
- * original f32 K/V. s: (n) scratch. */
-static void ref_row(const struct adata *d, int t, int h, const int32_t *cells, int n, double *s, double *out)
+/* Scores, max, e^(s - max), the weighted sum of V over the sum, in double. */
+void test_attn_ref_row(const struct test_attn_data *d, int t, int h, const int32_t *cells, int n, double *s,
+                       double *out)
 {
     int E = d->E, kh = h / d->G;
     const float *q = d->q + ((size_t)t * d->H + h) * E;
     double scale = 1.0 / sqrt((double)E), m = -INFINITY, sum = 0;
     for (int i = 0; i < n; i++) {
         const float *k = d->k + ((size_t)(cells ? cells[i] : i) * d->K + kh) * E;
-        double a[4] = {0, 0, 0, 0};
-        for (int e = 0; e < E; e += 4)
-            for (int l = 0; l < 4; l++)
-                a[l] += (double)q[e + l] * k[e + l];
-        s[i] = ((a[0] + a[1]) + (a[2] + a[3])) * scale;
+        double a = 0;
+        for (int e = 0; e < E; e++)
+            a += (double)q[e] * k[e];
+        s[i] = a * scale;
         m = s[i] > m ? s[i] : m;
     }
     for (int e = 0; e < E; e++)
@@ -133,6 +128,25 @@ static void ref_row(const struct adata *d, int t, int h, const int32_t *cells, i
     for (int e = 0; e < E; e++)
         out[e] /= sum;
 }
+
+/* Per format (f32 f16 int8 q4 k8v4): f16 values and keys rounded to 11
+ * bits; int8 steps of absmax/127; Q4_0 steps of absmax/8 on V and on K,
+ * where a score error of ~0.2 moves the weights of a sharp head. f32 has
+ * only rounding, which float sums over C cells grow like sqrt(C):
+ * 2e-6 x sqrt(C/256). */
+double test_attn_bound(int cell, int C)
+{
+    static const double max_bound[KV_CELL_COUNT] = {2e-6, 3e-3, 4e-2, 5e-1, 2e-1};
+    return cell == KV_CELL_F32 ? max_bound[cell] * sqrt(C / 256.0) : max_bound[cell];
+}
+
+/* This file's inputs: keys of magnitude 0.5..1.5 per row, scores on a 1/64 grid. */
+static void make_data(struct test_attn_data *d, int E, int G, int K, int C, int T, int topk, int local, unsigned seed)
+{
+    test_attn_make(d, E, G, K, C, T, topk, local, seed, 0.5f, 64);
+}
+
+/* ---- the textbook path ---- */
 
 /* The textbook float path over the dequantised cells kd, vd (C, E) of one
  * kv head: every score, the max, expf, the sum, then P·V — unsplit, one
@@ -163,35 +177,6 @@ static void simple_row(const float *q, const float *kd, const float *vd, int E, 
         out[e] *= 1.0f / sum;
 }
 
-/* ---- error statistics ---- */
-
-struct estat {
-    double max, ss;
-    long n;
-};
-
-static void est_add(struct estat *e, const float *got, const double *ref, int n)
-{
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (d != d)
-            d = INFINITY;
-        e->max = d > e->max ? d : e->max;
-        e->ss += d * d;
-        e->n++;
-    }
-}
-
-static double est_rms(const struct estat *e)
-{
-    return e->n ? sqrt(e->ss / e->n) : 0;
-}
-
-static void poison(float *x, size_t n)
-{
-    memset(x, 0xff, n * sizeof *x); /* NaN: every output must be written */
-}
-
 /* ---- the matrix of paths x formats ---- */
 
 struct acfg {
@@ -200,18 +185,6 @@ struct acfg {
     int n_split;              /* decode partitions (0: attn_split's choice) */
     int every;                /* reference rows: every `every`-th query and the last W */
 };
-
-/* Max abs error bounds against FP64 per format (f32 f16 int8 q4 k8v4) for
- * outputs of magnitude <= 1: f16 values and keys rounded to 11 bits; int8
- * steps of absmax/127; Q4_0 steps of absmax/8 on V and on K, where a score
- * error of ~0.2 moves the weights of a sharp head. f32 has only rounding,
- * which float sums over C cells grow like sqrt(C): 2e-6 x sqrt(C/256). */
-static const double max_bound[KV_CELL_COUNT] = {2e-6, 3e-3, 4e-2, 5e-1, 2e-1};
-
-static double bound_of(int cell, int C)
-{
-    return cell == KV_CELL_F32 ? max_bound[cell] * sqrt(C / 256.0) : max_bound[cell];
-}
 
 static int ref_wanted(const struct acfg *cf, int t)
 {
@@ -222,7 +195,7 @@ static const char *const path_names[4] = {"dense prompt", "dense decode", "QSA p
 
 static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
 {
-    struct adata d;
+    struct test_attn_data d;
     make_data(&d, cf->E, cf->G, cf->K, cf->C, cf->T, cf->topk, cf->local, seed);
     int E = d.E, H = d.H, T = d.T, pos0 = d.C - T;
     size_t HE = (size_t)H * E;
@@ -234,7 +207,7 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
             for (int h = 0; ref_wanted(cf, t) && h < H; h++) {
                 const int32_t *cells = w ? d.sel + d.off[t] : NULL;
                 int n = w ? (int)(d.off[t + 1] - d.off[t]) : pos0 + t + 1;
-                ref_row(&d, t, h, cells, n, sd, ref[w] + t * HE + (size_t)h * E);
+                test_attn_ref_row(&d, t, h, cells, n, sd, ref[w] + t * HE + (size_t)h * E);
             }
     }
     float *simple = malloc((size_t)T * HE * sizeof *simple), *fast = malloc((size_t)T * HE * sizeof *fast);
@@ -248,7 +221,7 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
         snprintf(name, sizeof name, "attn/E%d-G%d-K%d-C%d-T%d/%s", E, cf->G, d.K, d.C, T, kv_cell_name(cell));
         if (!test_begin(name))
             continue;
-        struct kv *kv = make_kv(&d, cell, cf->P);
+        struct kv *kv = test_attn_kv(&d, cell, cf->P, 0, NULL);
         if (!kv)
             continue;
         for (int w = 0; w < 2; w++) {
@@ -266,21 +239,21 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
             }
             /* prompt path over all T queries */
             struct attn_job j = {kv, 0, 1, d.q, fast, T, pos0, 0, 0, 0, sel, off};
-            poison(fast, (size_t)T * HE);
+            test_poison(fast, (size_t)T * HE);
             int rc = w ? attn_qsa_prompt(a, pool, &j, err, sizeof err) : attn_prompt(a, pool, &j, err, sizeof err);
             CHECK(rc == 0, "%s", err);
-            struct estat es = {0}, ef = {0};
+            struct test_err es = {0}, ef = {0};
             for (int t = 0; t < T; t++)
                 if (ref_wanted(cf, t)) {
-                    est_add(&es, simple + t * HE, ref[w] + t * HE, (int)HE);
-                    est_add(&ef, fast + t * HE, ref[w] + t * HE, (int)HE);
+                    test_err_add(&es, simple + t * HE, ref[w] + t * HE, HE);
+                    test_err_add(&ef, fast + t * HE, ref[w] + t * HE, HE);
                 }
             printf("     %-5s %-12s simple max %.2e rms %.2e | fast max %.2e rms %.2e\n", kv_cell_name(cell),
-                   path_names[2 * w], es.max, est_rms(&es), ef.max, est_rms(&ef));
-            CHECK(est_rms(&ef) <= 1.25 * est_rms(&es), "%s: rms %.3e above 1.25 x %.3e", path_names[2 * w],
-                  est_rms(&ef), est_rms(&es));
-            CHECK(ef.max <= bound_of(cell, d.C), "%s: max %.3e above %.1e", path_names[2 * w], ef.max,
-                  bound_of(cell, d.C));
+                   path_names[2 * w], es.max, test_err_rms(&es), ef.max, test_err_rms(&ef));
+            CHECK(test_err_rms(&ef) <= 1.25 * test_err_rms(&es), "%s: rms %.3e above 1.25 x %.3e", path_names[2 * w],
+                  test_err_rms(&ef), test_err_rms(&es));
+            CHECK(ef.max <= test_attn_bound(cell, d.C), "%s: max %.3e above %.1e", path_names[2 * w], ef.max,
+                  test_attn_bound(cell, d.C));
             /* decode: the last W queries, unsplit (S = 1) and split */
             int W = cf->W, t0 = T - W;
             struct attn_job jd = {kv, 0, 1, d.q + t0 * HE, one, W, pos0 + t0, 0, 0, 1,
@@ -290,7 +263,7 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
                 offw[t] = off[t0 + t] - off[t0];
             if (w)
                 jd.sel_off = offw;
-            poison(one, (size_t)W * HE);
+            test_poison(one, (size_t)W * HE);
             rc = w ? attn_qsa_decode(a, pool, &jd, err, sizeof err) : attn_decode(a, pool, &jd, err, sizeof err);
             CHECK(rc == 0, "%s", err);
             CHECK(memcmp(one, fast + t0 * HE, (size_t)W * HE * sizeof(float)) == 0,
@@ -300,22 +273,22 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
                 n_cells = offw[t + 1] - offw[t] > n_cells ? (int)(offw[t + 1] - offw[t]) : n_cells;
             jd.n_split = cf->n_split;
             jd.out = fast + t0 * HE;
-            poison(jd.out, (size_t)W * HE);
+            test_poison(jd.out, (size_t)W * HE);
             rc = w ? attn_qsa_decode(a, pool, &jd, err, sizeof err) : attn_decode(a, pool, &jd, err, sizeof err);
             CHECK(rc == 0, "%s", err);
-            struct estat ds = {0}, d1 = {0}, dx = {0};
-            est_add(&ds, simple + t0 * HE, ref[w] + t0 * HE, (int)(W * HE));
-            est_add(&d1, one, ref[w] + t0 * HE, (int)(W * HE));
-            est_add(&dx, jd.out, ref[w] + t0 * HE, (int)(W * HE));
+            struct test_err ds = {0}, d1 = {0}, dx = {0};
+            test_err_add(&ds, simple + t0 * HE, ref[w] + t0 * HE, W * HE);
+            test_err_add(&d1, one, ref[w] + t0 * HE, W * HE);
+            test_err_add(&dx, jd.out, ref[w] + t0 * HE, W * HE);
             int S = cf->n_split ? cf->n_split : attn_split(n_cells, d.K, pool_size(pool));
             printf("     %-5s %-12s simple max %.2e rms %.2e | S=1 max %.2e rms %.2e | S=%d max %.2e rms %.2e\n",
-                   kv_cell_name(cell), path_names[2 * w + 1], ds.max, est_rms(&ds), d1.max, est_rms(&d1), S,
-                   dx.max, est_rms(&dx));
+                   kv_cell_name(cell), path_names[2 * w + 1], ds.max, test_err_rms(&ds), d1.max, test_err_rms(&d1), S,
+                   dx.max, test_err_rms(&dx));
             CHECK(S > 1, "the split path was not exercised (S = %d)", S);
-            CHECK(est_rms(&dx) <= 1.25 * est_rms(&ds), "%s: rms %.3e above 1.25 x %.3e", path_names[2 * w + 1],
-                  est_rms(&dx), est_rms(&ds));
-            CHECK(dx.max <= bound_of(cell, d.C), "%s: max %.3e above %.1e", path_names[2 * w + 1], dx.max,
-                  bound_of(cell, d.C));
+            CHECK(test_err_rms(&dx) <= 1.25 * test_err_rms(&ds), "%s: rms %.3e above 1.25 x %.3e",
+                  path_names[2 * w + 1], test_err_rms(&dx), test_err_rms(&ds));
+            CHECK(dx.max <= test_attn_bound(cell, d.C), "%s: max %.3e above %.1e", path_names[2 * w + 1], dx.max,
+                  test_attn_bound(cell, d.C));
         }
         kv_free(kv);
     }
@@ -329,7 +302,7 @@ static void run_config(const struct acfg *cf, struct pool *pool, unsigned seed)
     free(ss);
     free(kd);
     free(vd);
-    free_data(&d);
+    test_attn_free(&d);
 }
 
 /* ---- exact identities at the QSA edge ---- */
@@ -346,25 +319,25 @@ static void case_qsa_edge(struct pool *pool)
         if (!test_begin(name))
             continue;
         for (int C = TOPK; C <= TOPK + 1; C++) {
-            struct adata d;
+            struct test_attn_data d;
             make_data(&d, E, G, K, C, T, TOPK, 0, 99);
-            struct kv *kv = make_kv(&d, cell, 32);
+            struct kv *kv = test_attn_kv(&d, cell, 32, 0, NULL);
             struct attn *a;
             if (!kv || !CHECK(attn_new(&a, d.H, K, E, T, pool_size(pool), err, sizeof err) == 0, "%s", err))
                 return;
             size_t HE = (size_t)d.H * E, N = T * HE;
             float *dense = malloc(N * 4), *qsa = malloc(N * 4), *dd = malloc(N * 4), *qd = malloc(N * 4);
             struct attn_job j = {kv, 0, 1, d.q, dense, T, C - T, 0, 0, 0, d.sel, d.off};
-            poison(dense, N);
-            poison(qsa, N);
+            test_poison(dense, N);
+            test_poison(qsa, N);
             CHECK(attn_prompt(a, pool, &j, err, sizeof err) == 0, "%s", err);
             j.out = qsa;
             CHECK(attn_qsa_prompt(a, pool, &j, err, sizeof err) == 0, "%s", err);
             for (int split = 1; split <= 3; split += 2) {
                 j.n_split = split;
                 j.out = dd;
-                poison(dd, N);
-                poison(qd, N);
+                test_poison(dd, N);
+                test_poison(qd, N);
                 CHECK(attn_decode(a, pool, &j, err, sizeof err) == 0, "%s", err);
                 j.out = qd;
                 CHECK(attn_qsa_decode(a, pool, &j, err, sizeof err) == 0, "%s", err);
@@ -384,14 +357,15 @@ static void case_qsa_edge(struct pool *pool)
                       "query %d selected %lld cells", t, (long long)(d.off[t + 1] - d.off[t]));
             if (C > TOPK) {
                 double *sd = malloc(C * sizeof *sd), *ref = malloc(HE * sizeof *ref);
-                struct estat e = {0};
+                struct test_err e = {0};
                 for (int h = 0; h < d.H; h++)
-                    ref_row(&d, T - 1, h, d.sel + d.off[T - 1], (int)(d.off[T] - d.off[T - 1]), sd, ref + h * E);
-                est_add(&e, qsa + (T - 1) * HE, ref, (int)HE);
+                    test_attn_ref_row(&d, T - 1, h, d.sel + d.off[T - 1], (int)(d.off[T] - d.off[T - 1]), sd,
+                                      ref + h * E);
+                test_err_add(&e, qsa + (T - 1) * HE, ref, HE);
                 CHECK(memcmp(dense + (T - 1) * HE, qsa + (T - 1) * HE, HE * 4) != 0, "one cell dropped, same output");
-                CHECK(e.max <= max_bound[cell], "C=k+1: max %.3e vs FP64 of the selection", e.max);
+                CHECK(e.max <= test_attn_bound(cell, C), "C=k+1: max %.3e vs FP64 of the selection", e.max);
                 printf("     %-5s C=k+1: the dropped cell's query vs FP64 max %.2e rms %.2e\n", kv_cell_name(cell),
-                       e.max, est_rms(&e));
+                       e.max, test_err_rms(&e));
                 free(sd);
                 free(ref);
             }
@@ -401,7 +375,7 @@ static void case_qsa_edge(struct pool *pool)
             free(qd);
             attn_free(a);
             kv_free(kv);
-            free_data(&d);
+            test_attn_free(&d);
         }
     }
 }
@@ -444,9 +418,9 @@ static void case_f16_ref(struct pool *pool)
     if (!test_begin("attn/f16-reference-rounding"))
         return;
     enum { E = 128, G = 2, K = 2, C = 900, T = 32, W = 4 };
-    struct adata d;
+    struct test_attn_data d;
     make_data(&d, E, G, K, C, T, C, 0, 5);
-    struct kv *kv = make_kv(&d, KV_CELL_F16, 64);
+    struct kv *kv = test_attn_kv(&d, KV_CELL_F16, 64, 0, NULL);
     struct attn *a;
     char err[256];
     if (!kv || !CHECK(attn_new(&a, d.H, K, E, W, pool_size(pool), err, sizeof err) == 0, "%s", err))
@@ -463,35 +437,36 @@ static void case_f16_ref(struct pool *pool)
             }
     }
     struct attn_job j = {kv, 0, 1, d.q, refm, T, C - T, 0, ATTN_F16_REF, 0, NULL, NULL};
-    poison(refm, N);
+    test_poison(refm, N);
     CHECK(attn_prompt(a, pool, &j, err, sizeof err) == 0, "%s", err);
     j.flags = 0;
     j.out = norm;
-    poison(norm, N);
+    test_poison(norm, N);
     CHECK(attn_prompt(a, pool, &j, err, sizeof err) == 0, "%s", err);
-    struct estat er = {0}, en = {0};
+    struct test_err er = {0}, en = {0};
     double *md = malloc(N * sizeof *md);
     for (size_t i = 0; i < N; i++)
         md[i] = model[i];
-    est_add(&er, refm, md, (int)N);
-    est_add(&en, norm, md, (int)N);
+    test_err_add(&er, refm, md, N);
+    test_err_add(&en, norm, md, N);
     printf("     vs the model of the reference: ATTN_F16_REF max %.2e rms %.2e | default max %.2e rms %.2e\n",
-           er.max, est_rms(&er), en.max, est_rms(&en));
+           er.max, test_err_rms(&er), en.max, test_err_rms(&en));
     /* the flag reproduces the rounding points: a tenth of the default's
      * distance, the rest being float sums and a rare probability rounded
      * to the neighbouring half */
-    CHECK(est_rms(&er) <= 0.1 * est_rms(&en), "rms %.3e vs default %.3e", est_rms(&er), est_rms(&en));
+    CHECK(test_err_rms(&er) <= 0.1 * test_err_rms(&en), "rms %.3e vs default %.3e", test_err_rms(&er),
+          test_err_rms(&en));
     CHECK(er.max <= 1e-3, "max %.3e", er.max);
     /* decode in this mode: S = 1 is the prompt path exactly; split close */
     struct attn_job jd = {kv, 0, 1, d.q + (T - W) * HE, dec, W, C - W, 0, ATTN_F16_REF, 1, NULL, NULL};
-    poison(dec, W * HE);
+    test_poison(dec, W * HE);
     CHECK(attn_decode(a, pool, &jd, err, sizeof err) == 0, "%s", err);
     CHECK(memcmp(dec, refm + (T - W) * HE, W * HE * 4) == 0, "reference-mode decode S = 1 differs");
     jd.n_split = 5;
-    poison(dec, W * HE);
+    test_poison(dec, W * HE);
     CHECK(attn_decode(a, pool, &jd, err, sizeof err) == 0, "%s", err);
-    struct estat es = {0};
-    est_add(&es, dec, md + (T - W) * HE, (int)(W * HE));
+    struct test_err es = {0};
+    test_err_add(&es, dec, md + (T - W) * HE, W * HE);
     CHECK(es.max <= 1e-3, "reference-mode split decode: max %.3e vs the model", es.max);
     free(md);
     free(model);
@@ -503,7 +478,7 @@ static void case_f16_ref(struct pool *pool)
     free(s);
     attn_free(a);
     kv_free(kv);
-    free_data(&d);
+    test_attn_free(&d);
 }
 
 /* ---- top-k against a sort ---- */
@@ -585,9 +560,9 @@ static void case_errors(struct pool *pool)
 {
     if (!test_begin("attn/errors"))
         return;
-    struct adata d;
+    struct test_attn_data d;
     make_data(&d, 64, 2, 2, 100, 4, 50, 0, 7);
-    struct kv *kv = make_kv(&d, KV_CELL_F16, 16);
+    struct kv *kv = test_attn_kv(&d, KV_CELL_F16, 16, 0, NULL);
     struct attn *a;
     char err[256] = "";
     if (!kv)
@@ -620,7 +595,7 @@ static void case_errors(struct pool *pool)
     CHECK(attn_prompt(a, pool, &j, err, sizeof err) != 0 && strstr(err, "kv heads"), "'%s'", err);
     attn_free(a);
     kv_free(kv);
-    free_data(&d);
+    test_attn_free(&d);
 }
 
 /* ---- micro-benchmark: decode attention, not a test ---- */

@@ -10,6 +10,7 @@
  */
 #include "strata.h"
 #include "test.h"
+#include "test_attn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,98 +27,11 @@ void test_gpu_attn(void)
 #else
 #include "gpu.h"
 
-/* ---- inputs: one attended layer of K/V, queries, QSA selections ---- */
-
-struct gdata {
-    int E, G, K, H, C, T;   /* T queries at cells C-T..C-1 */
-    float *q;               /* (T, H, E) */
-    float *k, *v;           /* (C, K, E) */
-    int32_t *sel;           /* the T queries' cell lists */
-    int64_t *off;           /* (T+1) */
-};
-
-/* Keys of a random magnitude per row (int8/q4 scales then differ by row),
- * values in [-1, 1], queries with a gain of 1..8 by head (broad and sharp
- * heads); selection scores on a grid of 1/32, so that there are ties. */
-static void gd_make(struct gdata *d, int E, int G, int K, int C, int T, int topk, int local, unsigned seed)
+/* This file's inputs (test_attn.h): keys of magnitude 0.25..1.75 per row,
+ * selection scores on a grid of 1/32. */
+static void gd_make(struct test_attn_data *d, int E, int G, int K, int C, int T, int topk, int local, unsigned seed)
 {
-    memset(d, 0, sizeof *d);
-    d->E = E, d->G = G, d->K = K, d->H = G * K, d->C = C, d->T = T;
-    unsigned st = seed;
-    size_t kn = (size_t)C * K * E;
-    d->k = malloc(kn * sizeof(float));
-    d->v = malloc(kn * sizeof(float));
-    d->q = malloc((size_t)T * d->H * E * sizeof(float));
-    for (size_t r = 0; r < (size_t)C * K; r++) {
-        float mag = 0.25f + 0.75f * (test_randf(&st) + 1.0f);
-        for (int e = 0; e < E; e++) {
-            d->k[r * E + e] = test_randf(&st) * mag;
-            d->v[r * E + e] = test_randf(&st);
-        }
-    }
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < d->H; h++)
-            for (int e = 0; e < E; e++)
-                d->q[((size_t)t * d->H + h) * E + e] = test_randf(&st) * (float)(1 + h % 8);
-    int most = topk + local < C ? topk + local : C;
-    d->off = malloc((size_t)(T + 1) * sizeof *d->off);
-    d->sel = malloc((size_t)T * most * sizeof *d->sel);
-    float *score = malloc((size_t)C * sizeof *score);
-    d->off[0] = 0;
-    for (int t = 0; t < T; t++) {
-        int n = C - T + t + 1;
-        for (int c = 0; c < n; c++)
-            score[c] = (float)(int)(test_randf(&st) * 32) / 32;
-        d->off[t + 1] = d->off[t] + attn_topk(score, n, topk, local, d->sel + d->off[t]);
-    }
-    free(score);
-}
-
-static void gd_free(struct gdata *d)
-{
-    free(d->q);
-    free(d->k);
-    free(d->v);
-    free(d->sel);
-    free(d->off);
-}
-
-/* A two-layer cache: layer 1 the data, layer 0 its negation (a layer
- * mix-up shows), in sequence 1, whose pages interleave with those of a
- * second sequence (the page table is not the identity), appended and
- * stored in uneven pieces. */
-static struct kv *gd_kv(const struct gdata *d, int cell, int P, int *seq)
-{
-    struct kv_config cfg = {2, d->K, d->E, cell, P, 2, d->C, 0, NULL};
-    struct kv *kv;
-    char err[256];
-    if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
-        return NULL;
-    int other = kv_seq_new(kv, err, sizeof err), s = kv_seq_new(kv, err, sizeof err);
-    size_t row = (size_t)d->K * d->E;
-    float *neg = malloc(2 * row * 600 * sizeof *neg);
-    int ok = 1;
-    for (int c0 = 0; c0 < d->C;) {
-        int n = 600 - (c0 % 5) * 97;
-        n = n < d->C - c0 ? n : d->C - c0;
-        if (kv_seq_len(kv, other) + P <= d->C)
-            ok &= kv_append(kv, other, NULL, P, err, sizeof err) == 0;
-        ok &= kv_append(kv, s, NULL, n, err, sizeof err) == 0;
-        for (size_t i = 0; i < (size_t)n * row; i++) {
-            neg[i] = -d->k[c0 * row + i];
-            neg[n * row + i] = -d->v[c0 * row + i];
-        }
-        ok &= kv_store(kv, s, 0, c0, n, neg, neg + n * row, err, sizeof err) == 0;
-        ok &= kv_store(kv, s, 1, c0, n, d->k + c0 * row, d->v + c0 * row, err, sizeof err) == 0;
-        c0 += n;
-    }
-    free(neg);
-    if (!CHECK(ok, "building the cache: %s", err)) {
-        kv_free(kv);
-        return NULL;
-    }
-    *seq = s;
-    return kv;
+    test_attn_make(d, E, G, K, C, T, topk, local, seed, 0.25f, 32);
 }
 
 /* ---- device copies ---- */
@@ -220,7 +134,7 @@ static int dcall_run(struct dcall *c, int path, char *err, size_t errlen)
 static int dcall_get(struct dcall *c, int path, float *host)
 {
     char err[256] = "";
-    memset(host, 0xff, c->n_out * sizeof(float));
+    test_poison(host, c->n_out);
     if (gpu_test_copy(c->out, host, c->n_out * sizeof(float), 0) != 0)
         return CHECK(0, "poisoning the output");
     if (!CHECK(dcall_run(c, path, err, sizeof err) == 0, "%s: %s", path_names[path], err))
@@ -231,61 +145,14 @@ static int dcall_get(struct dcall *c, int path, float *host)
     return 1;
 }
 
-/* ---- the FP64 reference ---- */
-
-/* Row (t, h) over its cells (the list, or 0..n-1) of the original f32 K/V,
- * in double: scores, max, e^(s - max), the weighted sum of V over the sum. */
-static void ref_row(const struct gdata *d, int t, int h, const int32_t *cells, int n, double *s, double *out)
-{
-    int E = d->E, kh = h / d->G;
-    const float *q = d->q + ((size_t)t * d->H + h) * E;
-    double scale = 1.0 / sqrt((double)E), m = -INFINITY, sum = 0;
-    for (int i = 0; i < n; i++) {
-        const float *k = d->k + ((size_t)(cells ? cells[i] : i) * d->K + kh) * E;
-        double a = 0;
-        for (int e = 0; e < E; e++)
-            a += (double)q[e] * k[e];
-        s[i] = a * scale;
-        m = s[i] > m ? s[i] : m;
-    }
-    for (int e = 0; e < E; e++)
-        out[e] = 0;
-    for (int i = 0; i < n; i++) {
-        double p = exp(s[i] - m);
-        const float *v = d->v + ((size_t)(cells ? cells[i] : i) * d->K + kh) * E;
-        sum += p;
-        for (int e = 0; e < E; e++)
-            out[e] += p * v[e];
-    }
-    for (int e = 0; e < E; e++)
-        out[e] /= sum;
-}
-
 /* ---- statistics ---- */
 
-struct est {
-    double max, ss;
-    long n;
-};
-
-/* got against ref for the rows `want` marks (rows of HE values); NaN and
- * inf count as an infinite error. */
-static void est_rows(struct est *e, const float *got, const double *ref, const char *want, int T, size_t HE)
+/* got against ref for the rows `want` marks (rows of HE values). */
+static void est_rows(struct test_err *e, const float *got, const double *ref, const char *want, int T, size_t HE)
 {
     for (int t = 0; t < T; t++)
-        for (size_t i = 0; want[t] && i < HE; i++) {
-            double x = (double)got[t * HE + i], d = fabs(x - ref[t * HE + i]);
-            if (!isfinite(x) || d != d)
-                d = INFINITY;
-            e->max = d > e->max ? d : e->max;
-            e->ss += d * d;
-            e->n++;
-        }
-}
-
-static double est_rms(const struct est *e)
-{
-    return e->n ? sqrt(e->ss / e->n) : 0;
+        if (want[t])
+            test_err_add(e, got + t * HE, ref + t * HE, HE);
 }
 
 static long count_bad(const float *x, size_t n)
@@ -296,18 +163,8 @@ static long count_bad(const float *x, size_t n)
     return b;
 }
 
-/* Max abs error bounds against FP64 for outputs of magnitude <= 1, per
- * format (f32 f16 int8 q4 k8v4), the CPU path's: f32 only rounding, which
- * grows like sqrt(C); f16 keys and values of 11 bits; int8 steps of
- * absmax/127; Q4_0 steps of absmax/8 (on K they move a sharp head's weights). */
-static const double max_bound[KV_CELL_COUNT] = {2e-6, 3e-3, 4e-2, 5e-1, 2e-1};
-
-static double bound_of(int cell, int C)
-{
-    return cell == KV_CELL_F32 ? max_bound[cell] * sqrt(C / 256.0) : max_bound[cell];
-}
-
-/* The GPU's RMS error may be 1.25x the CPU path's: both compute in f32 on
+/* The max abs error bound against FP64 is the CPU path's (test_attn_bound).
+ * The GPU's RMS error may be 1.25x the CPU path's: both compute in f32 on
  * the same dequantised values (the mma kernels split Q and P into f16
  * hi + lo, see attn_cuda.cu), so the formats' own error dominates both. With
  * f32 cells both errors are f32 rounding alone (RMS 2e-8..3e-7 here), which
@@ -341,7 +198,7 @@ static void run_config(const struct gcfg *cf, unsigned seed)
         }
         return;
     }
-    struct gdata d;
+    struct test_attn_data d;
     gd_make(&d, cf->E, cf->G, cf->K, cf->C, cf->T, cf->topk, cf->local, seed);
     int E = d.E, H = d.H, T = d.T, W = cf->W, pos0 = d.C - T, t0 = T - W;
     size_t HE = (size_t)H * E, N = (size_t)T * HE;
@@ -356,7 +213,7 @@ static void run_config(const struct gcfg *cf, unsigned seed)
             for (int h = 0; want[t] && h < H; h++) {
                 const int32_t *cells = w ? d.sel + d.off[t] : NULL;
                 int n = w ? (int)(d.off[t + 1] - d.off[t]) : pos0 + t + 1;
-                ref_row(&d, t, h, cells, n, sd, ref[w] + t * HE + (size_t)h * E);
+                test_attn_ref_row(&d, t, h, cells, n, sd, ref[w] + t * HE + (size_t)h * E);
             }
     }
     float *gpu = malloc(N * sizeof(float)), *cpu = malloc(N * sizeof(float));
@@ -369,7 +226,7 @@ static void run_config(const struct gcfg *cf, unsigned seed)
         if (!test_begin(name))
             continue;
         int seq;
-        struct kv *kv = gd_kv(&d, cell, cf->P, &seq);
+        struct kv *kv = test_attn_kv(&d, cell, cf->P, 1, &seq);
         struct dkv dk;
         if (!kv)
             continue;
@@ -400,14 +257,14 @@ static void run_config(const struct gcfg *cf, unsigned seed)
                 offw[t] = d.off[tb + t] - d.off[tb];
             struct attn_job j = {kv, seq, 1, d.q + base, cpu + base, nq, pos0 + tb, 0, 0, 0,
                                  qsa ? d.sel + d.off[tb] : NULL, qsa ? offw : NULL};
-            memset(cpu + base, 0xff, n_out * sizeof(float));
+            test_poison(cpu + base, n_out);
             int rc = path == PATH_PROMPT ? attn_prompt(ca, g_pool, &j, err, sizeof err)
                    : path == PATH_DECODE ? attn_decode(ca, g_pool, &j, err, sizeof err)
                    : path == PATH_QSA_PROMPT ? attn_qsa_prompt(ca, g_pool, &j, err, sizeof err)
                                              : attn_qsa_decode(ca, g_pool, &j, err, sizeof err);
             free(offw);
             CHECK(rc == 0, "cpu %s: %s", path_names[path], err);
-            struct est eg = {0}, ec = {0};
+            struct test_err eg = {0}, ec = {0};
             const char *wr = dec ? want_w : want + tb;
             est_rows(&eg, gpu + base, ref[qsa] + base, wr, nq, HE);
             est_rows(&ec, cpu + base, ref[qsa] + base, wr, nq, HE);
@@ -418,12 +275,13 @@ static void run_config(const struct gcfg *cf, unsigned seed)
             }
             long bad = count_bad(gpu + base, n_out);
             printf("     %-5s %-10s gpu max %.2e rms %.2e | cpu max %.2e rms %.2e | gpu-cpu max %.1e  [%s]\n",
-                   kv_cell_name(cell), path_names[path], eg.max, est_rms(&eg), ec.max, est_rms(&ec), dmax, kname);
+                   kv_cell_name(cell), path_names[path], eg.max, test_err_rms(&eg), ec.max, test_err_rms(&ec), dmax,
+                   kname);
             CHECK(bad == 0, "%s: %ld outputs not finite", path_names[path], bad);
-            CHECK(est_rms(&eg) <= RMS_RATIO * est_rms(&ec) + RMS_SLACK, "%s: rms %.3e above %.2f x cpu %.3e",
-                  path_names[path], est_rms(&eg), RMS_RATIO, est_rms(&ec));
-            CHECK(eg.max <= bound_of(cell, d.C), "%s: max %.3e above %.1e", path_names[path], eg.max,
-                  bound_of(cell, d.C));
+            CHECK(test_err_rms(&eg) <= RMS_RATIO * test_err_rms(&ec) + RMS_SLACK, "%s: rms %.3e above %.2f x cpu %.3e",
+                  path_names[path], test_err_rms(&eg), RMS_RATIO, test_err_rms(&ec));
+            CHECK(eg.max <= test_attn_bound(cell, d.C), "%s: max %.3e above %.1e", path_names[path], eg.max,
+                  test_attn_bound(cell, d.C));
         }
         dkv_free(&dk);
         kv_free(kv);
@@ -436,7 +294,7 @@ static void run_config(const struct gcfg *cf, unsigned seed)
     free(cpu);
     free(want);
     free(want_w);
-    gd_free(&d);
+    test_attn_free(&d);
 }
 
 /* ---- QSA over every cell equals dense; the edge just above k ---- */
@@ -454,10 +312,10 @@ static void case_qsa_dense(void)
             continue;
         }
         for (int C = TOPK; C <= TOPK + 1; C++) {
-            struct gdata d;
+            struct test_attn_data d;
             gd_make(&d, E, G, K, C, T, TOPK, 0, 40 + (unsigned)C);
             int seq, pos0 = C - T;
-            struct kv *kv = gd_kv(&d, cell, 64, &seq);
+            struct kv *kv = test_attn_kv(&d, cell, 64, 1, &seq);
             struct dkv dk;
             if (!kv || dkv_make(&dk, kv, seq) != 0)
                 return;
@@ -483,16 +341,17 @@ static void case_qsa_dense(void)
                  * and matches FP64 over its selection */
                 double *r = malloc(HE * sizeof *r), *sd = malloc((size_t)C * sizeof *sd);
                 for (int h = 0; h < d.H; h++)
-                    ref_row(&d, T - 1, h, d.sel + d.off[T - 1], (int)(d.off[T] - d.off[T - 1]), sd, r + h * E);
+                    test_attn_ref_row(&d, T - 1, h, d.sel + d.off[T - 1], (int)(d.off[T] - d.off[T - 1]), sd,
+                                      r + h * E);
                 char one = 1;
-                struct est ep = {0}, ed = {0};
+                struct test_err ep = {0}, ed = {0};
                 est_rows(&ep, qsa + (T - 1) * HE, r, &one, 1, HE);
                 est_rows(&ed, q1, r, &one, 1, HE);
                 CHECK((int)(d.off[T] - d.off[T - 1]) == TOPK, "the last query selects %lld cells",
                       (long long)(d.off[T] - d.off[T - 1]));
                 CHECK(memcmp(d1, q1, HE * 4) != 0, "C = k+1: qsa decode equals dense");
-                CHECK(ep.max <= bound_of(cell, C) && ed.max <= bound_of(cell, C),
-                      "C = k+1: qsa max %.3e / %.3e above %.1e", ep.max, ed.max, bound_of(cell, C));
+                CHECK(ep.max <= test_attn_bound(cell, C) && ed.max <= test_attn_bound(cell, C),
+                      "C = k+1: qsa max %.3e / %.3e above %.1e", ep.max, ed.max, test_attn_bound(cell, C));
                 printf("     %-5s C = k+1: qsa prompt max %.2e, qsa decode max %.2e vs FP64 over the selection\n",
                        kv_cell_name(cell), ep.max, ed.max);
                 free(r);
@@ -509,7 +368,7 @@ static void case_qsa_dense(void)
             free(q1);
             dkv_free(&dk);
             kv_free(kv);
-            gd_free(&d);
+            test_attn_free(&d);
         }
     }
 }
@@ -525,10 +384,10 @@ static void case_qsa_split_env(void)
         return;
     }
     enum { E = 128, G = 8, K = 2, C = 2100, T = 4, TOPK = 512, LOCAL = 64 };
-    struct gdata d;
+    struct test_attn_data d;
     gd_make(&d, E, G, K, C, T, TOPK, LOCAL, 5);
     int seq;
-    struct kv *kv = gd_kv(&d, KV_CELL_INT8, 64, &seq);
+    struct kv *kv = test_attn_kv(&d, KV_CELL_INT8, 64, 1, &seq);
     struct dkv dk;
     if (!kv || dkv_make(&dk, kv, seq) != 0)
         return;
@@ -555,21 +414,22 @@ static void case_qsa_split_env(void)
     double *r = malloc(N * sizeof *r), *sd = malloc((size_t)C * sizeof *sd);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < d.H; h++)
-            ref_row(&d, t, h, d.sel + d.off[t], (int)(d.off[t + 1] - d.off[t]), sd, r + t * HE + h * E);
+            test_attn_ref_row(&d, t, h, d.sel + d.off[t], (int)(d.off[t + 1] - d.off[t]), sd, r + t * HE + h * E);
     char want[T];
     memset(want, 1, T);
-    struct est ea = {0}, eb = {0};
+    struct test_err ea = {0}, eb = {0};
     est_rows(&ea, a, r, want, T, HE);
     est_rows(&eb, b, r, want, T, HE);
     printf("     default [%s] max %.2e rms %.2e | opt-in [%s] max %.2e rms %.2e; default byte-identical after\n",
-           n0, ea.max, est_rms(&ea), n1, eb.max, est_rms(&eb));
+           n0, ea.max, test_err_rms(&ea), n1, eb.max, test_err_rms(&eb));
     /* the opt-in path quantises Q to int8 per row (steps of absmax/127,
      * as the int8 keys): at most the int8 format's bound, and at most
      * twice the default's RMS error */
     CHECK(count_bad(b, N) == 0, "opt-in: outputs not finite");
-    CHECK(eb.max <= bound_of(KV_CELL_INT8, C), "opt-in max %.3e above %.1e", eb.max, bound_of(KV_CELL_INT8, C));
-    CHECK(est_rms(&eb) <= 2.0 * est_rms(&ea), "opt-in rms %.3e above 2 x default %.3e", est_rms(&eb),
-          est_rms(&ea));
+    CHECK(eb.max <= test_attn_bound(KV_CELL_INT8, C), "opt-in max %.3e above %.1e", eb.max,
+          test_attn_bound(KV_CELL_INT8, C));
+    CHECK(test_err_rms(&eb) <= 2.0 * test_err_rms(&ea), "opt-in rms %.3e above 2 x default %.3e", test_err_rms(&eb),
+          test_err_rms(&ea));
     free(r);
     free(sd);
     dcall_free(&dc);
@@ -578,7 +438,7 @@ static void case_qsa_split_env(void)
     free(c);
     dkv_free(&dk);
     kv_free(kv);
-    gd_free(&d);
+    test_attn_free(&d);
 }
 
 /* ---- timings (events): prompt at 4096 cells x 512 queries, decode at 4K and 32K ---- */

@@ -12,6 +12,7 @@
  */
 #include "strata.h"
 #include "test.h"
+#include "test_attn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,137 +23,14 @@
 #ifdef STRATA_GPU
 #include "gpu.h"
 
-/* ---- inputs ---- */
-
-struct rdata {
-    int E, G, K, H, C, T, P;  /* T queries at cells C-T..C-1; P cells per page */
-    float *q;                 /* (T, H, E) */
-    float *k, *v;             /* (C, K, E) */
-    int32_t *sel;             /* QSA lists of the T queries */
-    int64_t *off;             /* (T+1) */
-};
-
-/* Keys of random magnitude per row, values in [-1, 1], query gains 1..8 by
- * head (broad and sharp heads), selection scores on a 1/64 grid (ties). */
-static void rd_make(struct rdata *d, int E, int G, int K, int C, int T, int P, int topk, int local, unsigned seed)
-{
-    memset(d, 0, sizeof *d);
-    d->E = E, d->G = G, d->K = K, d->H = G * K, d->C = C, d->T = T, d->P = P;
-    unsigned st = seed;
-    d->k = malloc((size_t)C * K * E * sizeof(float));
-    d->v = malloc((size_t)C * K * E * sizeof(float));
-    d->q = malloc((size_t)T * d->H * E * sizeof(float));
-    for (size_t r = 0; r < (size_t)C * K; r++) {
-        float mag = 0.5f + 0.5f * (test_randf(&st) + 1.0f);
-        for (int e = 0; e < E; e++) {
-            d->k[r * E + e] = test_randf(&st) * mag;
-            d->v[r * E + e] = test_randf(&st);
-        }
-    }
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < d->H; h++)
-            for (int e = 0; e < E; e++)
-                d->q[((size_t)t * d->H + h) * E + e] = test_randf(&st) * (1.0f + (float)(h % 8));
-    int most = topk + local < C ? topk + local : C;
-    d->off = malloc((size_t)(T + 1) * sizeof *d->off);
-    d->sel = malloc((size_t)T * most * sizeof *d->sel);
-    float *score = malloc((size_t)C * sizeof *score);
-    d->off[0] = 0;
-    for (int t = 0; t < T; t++) {
-        int n = C - T + t + 1;
-        for (int c = 0; c < n; c++)
-            score[c] = (float)(int)(test_randf(&st) * 64) / 64;
-        d->off[t + 1] = d->off[t] + attn_topk(score, n, topk, local, d->sel + d->off[t]);
-    }
-    free(score);
-}
-
-static void rd_free(struct rdata *d)
-{
-    free(d->q);
-    free(d->k);
-    free(d->v);
-    free(d->sel);
-    free(d->off);
-}
-
-/* Two layers: layer 1 the data, layer 0 its negation (a layer mix-up shows). */
-static struct kv *rd_kv(const struct rdata *d, int cell)
-{
-    struct kv_config cfg = {2, d->K, d->E, cell, d->P, 1, d->C, 0, NULL};
-    struct kv *kv;
-    char err[256];
-    if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
-        return NULL;
-    int s = kv_seq_new(kv, err, sizeof err);
-    size_t row = (size_t)d->K * d->E, n = (size_t)d->C * row;
-    float *neg = malloc(2 * n * sizeof *neg);
-    for (size_t i = 0; i < n; i++) {
-        neg[i] = -d->k[i];
-        neg[n + i] = -d->v[i];
-    }
-    CHECK(kv_append(kv, s, NULL, d->C, err, sizeof err) == 0, "%s", err);
-    CHECK(kv_store(kv, s, 0, 0, d->C, neg, neg + n, err, sizeof err) == 0, "%s", err);
-    CHECK(kv_store(kv, s, 1, 0, d->C, d->k, d->v, err, sizeof err) == 0, "%s", err);
-    free(neg);
-    return kv;
-}
-
 /* ---- references and statistics ---- */
 
-/* FP64 attention of row (t, h) over its cells (list, or 0..n-1). */
-static void rd_ref_row(const struct rdata *d, int t, int h, const int32_t *cells, int n, double *s, double *out)
+/* Max abs bounds against FP64 per format: attn.c's (test_attn_bound), but a
+ * flat 1e-4 for f32 cells. */
+static double rd_bound(int cell, int C)
 {
-    int E = d->E, kh = h / d->G;
-    const float *q = d->q + ((size_t)t * d->H + h) * E;
-    double scale = 1.0 / sqrt((double)E), m = -INFINITY, sum = 0;
-    for (int i = 0; i < n; i++) {
-        const float *k = d->k + ((size_t)(cells ? cells[i] : i) * d->K + kh) * E;
-        double a = 0;
-        for (int e = 0; e < E; e++)
-            a += (double)q[e] * k[e];
-        s[i] = a * scale;
-        m = s[i] > m ? s[i] : m;
-    }
-    for (int e = 0; e < E; e++)
-        out[e] = 0;
-    for (int i = 0; i < n; i++) {
-        double p = exp(s[i] - m);
-        const float *v = d->v + ((size_t)(cells ? cells[i] : i) * d->K + kh) * E;
-        sum += p;
-        for (int e = 0; e < E; e++)
-            out[e] += p * v[e];
-    }
-    for (int e = 0; e < E; e++)
-        out[e] /= sum;
+    return cell == KV_CELL_F32 ? 1e-4 : test_attn_bound(cell, C);
 }
-
-struct rstat {
-    double max, ss;
-    long n;
-};
-
-static void rs_add(struct rstat *e, const float *got, const double *ref, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        double x = fabs((double)got[i] - ref[i]);
-        if (x != x)
-            x = INFINITY; /* NaN: a row not written, or a bad weight */
-        e->max = x > e->max ? x : e->max;
-        e->ss += x * x;
-        e->n++;
-    }
-}
-
-static double rs_rms(const struct rstat *e)
-{
-    return e->n ? sqrt(e->ss / (double)e->n) : 0;
-}
-
-/* Max abs bounds against FP64 per format (f32 f16 int8 q4 k8v4), attn.c's:
- * f16 rounding of K and V; int8 steps of absmax/127; Q4_0 steps of absmax/8,
- * which a sharp head's scores amplify. */
-static const double rd_bound[KV_CELL_COUNT] = {1e-4, 3e-3, 4e-2, 5e-1, 2e-1};
 
 /* FP64 rows: every `every`-th query and the last 4 (the decode window). */
 #define RD_W 4
@@ -161,7 +39,7 @@ static int rd_wanted(int t, int T, int every)
     return t % every == 0 || t >= T - RD_W;
 }
 
-static double *rd_ref(const struct rdata *d, int qsa, int every)
+static double *rd_ref(const struct test_attn_data *d, int qsa, int every)
 {
     size_t HE = (size_t)d->H * d->E;
     double *ref = calloc((size_t)d->T * HE, sizeof *ref), *s = malloc((size_t)d->C * sizeof *s);
@@ -169,19 +47,19 @@ static double *rd_ref(const struct rdata *d, int qsa, int every)
         for (int h = 0; rd_wanted(t, d->T, every) && h < d->H; h++) {
             const int32_t *cells = qsa ? d->sel + d->off[t] : NULL;
             int n = qsa ? (int)(d->off[t + 1] - d->off[t]) : d->C - d->T + t + 1;
-            rd_ref_row(d, t, h, cells, n, s, ref + t * HE + (size_t)h * d->E);
+            test_attn_ref_row(d, t, h, cells, n, s, ref + t * HE + (size_t)h * d->E);
         }
     free(s);
     return ref;
 }
 
-static void rd_err(const struct rdata *d, const float *got, const double *ref, int t0, int T, int every,
-                   struct rstat *e)
+static void rd_err(const struct test_attn_data *d, const float *got, const double *ref, int t0, int T, int every,
+                   struct test_err *e)
 {
     size_t HE = (size_t)d->H * d->E;
     for (int t = t0; t < t0 + T; t++)
         if (rd_wanted(t, d->T, every))
-            rs_add(e, got + (t - t0) * HE, ref + t * HE, HE);
+            test_err_add(e, got + (t - t0) * HE, ref + t * HE, HE);
 }
 
 /* ---- one GPU call ---- */
@@ -192,7 +70,7 @@ struct rcall {
 };
 
 /* Queries t0..t0+T-1 of d (their lists when qsa) over layer 1 of kv. */
-static struct rcall rd_call(const struct rdata *d, struct kv *kv, int t0, int T, int qsa, int64_t *off_buf)
+static struct rcall rd_call(const struct test_attn_data *d, struct kv *kv, int t0, int T, int qsa, int64_t *off_buf)
 {
     struct kv_layout lo;
     kv_layout(kv, &lo);
@@ -247,10 +125,10 @@ static int rd_threads(void)
 
 /* GPU (out) and CPU (cpu) against FP64 on the wanted rows of queries
  * t0..t0+T-1; checks the bound and the RMS ratio; prints one line. */
-static void rd_report(const struct rdata *d, const char *what, int cell, const float *out, const float *cpu,
+static void rd_report(const struct test_attn_data *d, const char *what, int cell, const float *out, const float *cpu,
                       const double *ref, int t0, int T, int every, float ms)
 {
-    struct rstat eg = {0}, ec = {0}, gc = {0};
+    struct test_err eg = {0}, ec = {0}, gc = {0};
     rd_err(d, out, ref, t0, T, every, &eg);
     rd_err(d, cpu, ref, t0, T, every, &ec);
     size_t HE = (size_t)d->H * d->E;
@@ -259,12 +137,12 @@ static void rd_report(const struct rdata *d, const char *what, int cell, const f
         x = x == x ? x : INFINITY;
         gc.max = x > gc.max ? x : gc.max;
     }
-    double ratio = rs_rms(&ec) > 0 ? rs_rms(&eg) / rs_rms(&ec) : 0;
+    double ratio = test_err_rms(&ec) > 0 ? test_err_rms(&eg) / test_err_rms(&ec) : 0;
     printf("     %-5s %-18s vs FP64 max %.2e rms %.2e | CPU rms %.2e, ratio %.3f | vs CPU max %.2e | %8.3f ms/chunk\n",
-           kv_cell_name(cell), what, eg.max, rs_rms(&eg), rs_rms(&ec), ratio, gc.max, ms);
-    CHECK(eg.max <= rd_bound[cell], "%s: max %.3e above %.1e", what, eg.max, rd_bound[cell]);
-    CHECK(rs_rms(&eg) <= 1.25 * rs_rms(&ec) + 1e-7, "%s: rms %.3e above 1.25 x the CPU's %.3e", what,
-          rs_rms(&eg), rs_rms(&ec));
+           kv_cell_name(cell), what, eg.max, test_err_rms(&eg), test_err_rms(&ec), ratio, gc.max, ms);
+    CHECK(eg.max <= rd_bound(cell, d->C), "%s: max %.3e above %.1e", what, eg.max, rd_bound(cell, d->C));
+    CHECK(test_err_rms(&eg) <= 1.25 * test_err_rms(&ec) + 1e-7, "%s: rms %.3e above 1.25 x the CPU's %.3e", what,
+          test_err_rms(&eg), test_err_rms(&ec));
 }
 
 static void rd_case(const struct rcase *cf, struct pool *pool)
@@ -279,8 +157,8 @@ static void rd_case(const struct rcase *cf, struct pool *pool)
         }
         return;
     }
-    struct rdata d;
-    rd_make(&d, cf->E, cf->G, cf->K, cf->C, cf->T, cf->P, cf->topk, cf->local, 7u + (unsigned)cf->C);
+    struct test_attn_data d;
+    test_attn_make(&d, cf->E, cf->G, cf->K, cf->C, cf->T, cf->topk, cf->local, 7u + (unsigned)cf->C, 0.5f, 64);
     int T = d.T, pos0 = d.C - T, H = d.H, E = d.E, W = RD_W;
     size_t HE = (size_t)H * E, n_out = (size_t)T * HE;
     double *ref = rd_ref(&d, 0, cf->every), *refq = rd_ref(&d, 1, cf->every);
@@ -295,13 +173,13 @@ static void rd_case(const struct rcase *cf, struct pool *pool)
         snprintf(name, sizeof name, "gpu/rdna2/E%d-G%d-C%d-T%d/%s", E, d.G, d.C, T, kv_cell_name(cell));
         if (!test_begin(name))
             continue;
-        struct kv *kv = rd_kv(&d, cell);
+        struct kv *kv = test_attn_kv(&d, cell, cf->P, 0, NULL);
         if (!kv)
             continue;
         float ms;
         /* dense prompt over all T queries */
         struct attn_job j = {kv, 0, 1, d.q, cpu, T, pos0, 0, 0, 0, NULL, NULL};
-        memset(cpu, 0xff, n_out * 4);
+        test_poison(cpu, n_out);
         CHECK(attn_prompt(at, pool, &j, err, sizeof err) == 0, "%s", err);
         struct rcall c = rd_call(&d, kv, 0, T, 0, offb);
         if (rd_run(&c, pos0, 0, cf->reps, out, &ms) == 0)
@@ -315,7 +193,7 @@ static void rd_case(const struct rcase *cf, struct pool *pool)
         /* QSA prompt: without split (rdna2) and split + merge (HIP's default) */
         j.sel = d.sel;
         j.sel_off = d.off;
-        memset(cpu, 0xff, n_out * 4);
+        test_poison(cpu, n_out);
         CHECK(attn_qsa_prompt(at, pool, &j, err, sizeof err) == 0, "%s", err);
         c = rd_call(&d, kv, 0, T, 1, offb);
         if (rd_run(&c, pos0, 2, cf->reps, out, &ms) == 0)
@@ -351,7 +229,7 @@ static void rd_case(const struct rcase *cf, struct pool *pool)
         kv_free(kv);
     }
     attn_free(at);
-    rd_free(&d);
+    test_attn_free(&d);
     free(ref);
     free(refq);
     free(out);
@@ -373,8 +251,8 @@ static void rd_case_default(void)
         test_skip("no GPU");
         return;
     }
-    struct rdata d;
-    rd_make(&d, 128, 4, 2, 2100, 64, 64, 2048, 64, 11u);
+    struct test_attn_data d;
+    test_attn_make(&d, 128, 4, 2, 2100, 64, 2048, 64, 11u, 0.5f, 64);
     size_t n = (size_t)d.T * d.H * d.E;
     float *a = malloc(n * 4), *b = malloc(n * 4), ms;
     int64_t *offb = malloc((size_t)(d.T + 1) * sizeof *offb);
@@ -383,7 +261,7 @@ static void rd_case_default(void)
     char *saved = was ? strdup(was) : NULL;
     static const int cells[2] = {KV_CELL_F16, KV_CELL_INT8};
     for (int i = 0; i < 2; i++) {
-        struct kv *kv = rd_kv(&d, cells[i]);
+        struct kv *kv = test_attn_kv(&d, cells[i], 64, 0, NULL);
         if (!kv)
             break;
         struct rcall c = rd_call(&d, kv, 0, d.T, 1, offb);
@@ -418,7 +296,7 @@ static void rd_case_default(void)
     else
         unsetenv("STRATA_PROMPT_ATTN_RDNA2");
     free(saved);
-    rd_free(&d);
+    test_attn_free(&d);
     free(a);
     free(b);
     free(offb);
