@@ -580,6 +580,13 @@ int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen)
     return id;
 }
 
+void kv_seq_publish(struct kv *kv, int seq)
+{
+    struct kv_seq *s = kv_seq_get(kv, seq);
+    if (s)
+        kv_publish(kv, s);
+}
+
 void kv_seq_free(struct kv *kv, int seq)
 {
     struct kv_seq *s = kv_seq_get(kv, seq);

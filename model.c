@@ -1636,11 +1636,11 @@ int model_eval(struct model_ctx *c, int seq, const int32_t *tokens, int n, int p
         }
         done += T;
     }
-    /* Appending no cells offers the finished whole pages to the prefix
-     * cache now (kv.c publishes at each append), so that the next prompt
-     * starting with these tokens shares them even if this sequence is cut
-     * back first. Every cell is written, as kv.c's contract asks. */
-    return kv_append(c->kv, seq, NULL, 0, err, errlen);
+    /* the finished whole pages go to the prefix cache now, so that the next
+     * prompt starting with these tokens shares them even if this sequence
+     * is cut back first */
+    kv_seq_publish(c->kv, seq);
+    return 0;
 }
 
 int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *tokens, int n, float *logits,

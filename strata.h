@@ -666,6 +666,10 @@ int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen);
  * cache until their pages are needed (least recently used first). */
 void kv_seq_free(struct kv *kv, int seq);
 int kv_seq_len(const struct kv *kv, int seq);
+/* Offers the sequence's whole pages of known tokens to the prefix cache now
+ * (kv_append and kv_seq_free do it too), so that a later prompt shares them
+ * even if this sequence is cut back first. Its cells must all be written. */
+void kv_seq_publish(struct kv *kv, int seq);
 /* Adds n cells (tokens: their ids for prefix reuse, or NULL). Fails with a
  * message, leaving the sequence as it was, when it would pass n_ctx or the
  * pool has too few free or evictable pages; other sequences are never
