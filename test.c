@@ -7,6 +7,7 @@
  * ../shared/testdata skip cleanly without it. `build/test NAME…` runs only
  * the cases whose names contain one of the arguments.
  */
+#include "strata.h"
 #include "test.h"
 
 #include <math.h>
@@ -69,6 +70,21 @@ void test_skip(const char *why)
         cur_skipped = 1;
         printf("skip %s (%s)\n", cur, why);
     }
+}
+
+int test_begin_gpu(const char *name)
+{
+    if (!test_begin(name))
+        return 0;
+    if (gpu_devices(NULL, 0) == 0) {
+#ifdef STRATA_GPU
+        test_skip("no GPU");
+#else
+        test_skip("no GPU backend in this build");
+#endif
+        return 0;
+    }
+    return 1;
 }
 
 int test_failf(const char *file, int line, const char *fmt, ...)

@@ -14,6 +14,9 @@
 /* Returns 0 when the case is filtered out (`build/test NAME…`): skip its work. */
 int test_begin(const char *name);
 void test_skip(const char *why);
+/* test_begin for a case that needs a GPU: also 0, after test_skip, when the
+ * machine has none ("no GPU") or the build has no GPU backend. */
+int test_begin_gpu(const char *name);
 /* Records a failure of the current case with a message; returns 0. */
 int test_failf(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -21,8 +21,7 @@
 #ifndef STRATA_GPU
 void test_gpu_attn(void)
 {
-    if (test_begin("gpu/attn"))
-        test_skip("no GPU backend in this build");
+    test_begin_gpu("gpu/attn"); /* skips: no GPU backend */
 }
 #else
 #include "gpu.h"
@@ -305,12 +304,8 @@ static void case_qsa_dense(void)
     for (int cell = 0; cell < KV_CELL_COUNT; cell++) {
         char name[64], err[256];
         snprintf(name, sizeof name, "gpu/attn/qsa-equals-dense/%s", kv_cell_name(cell));
-        if (!test_begin(name))
+        if (!test_begin_gpu(name))
             continue;
-        if (gpu_devices(NULL, 0) == 0) {
-            test_skip("no GPU");
-            continue;
-        }
         for (int C = TOPK; C <= TOPK + 1; C++) {
             struct test_attn_data d;
             gd_make(&d, E, G, K, C, T, TOPK, 0, 40 + (unsigned)C);
@@ -377,12 +372,8 @@ static void case_qsa_dense(void)
 
 static void case_qsa_split_env(void)
 {
-    if (!test_begin("gpu/attn/qsa-split-env"))
+    if (!test_begin_gpu("gpu/attn/qsa-split-env"))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     enum { E = 128, G = 8, K = 2, C = 2100, T = 4, TOPK = 512, LOCAL = 64 };
     struct test_attn_data d;
     gd_make(&d, E, G, K, C, T, TOPK, LOCAL, 5);
@@ -453,12 +444,8 @@ static int bench_call(void *arg)
 
 static void case_bench(void)
 {
-    if (!test_begin("gpu/attn/bench"))
+    if (!test_begin_gpu("gpu/attn/bench"))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     /* one layer of the Qwen3-8B shape: 32 query heads, 8 kv heads, E 128 */
     enum { E = 128, K = 8, H = 32 };
     const int cells[3] = {KV_CELL_F16, KV_CELL_INT8, KV_CELL_Q4};

@@ -245,12 +245,8 @@ static void rd_case(const struct rcase *cf, struct pool *pool)
  * kernel name changes and the RDNA2 cases above cover its numerics. */
 static void rd_case_default(void)
 {
-    if (!test_begin("gpu/rdna2/default-identical"))
+    if (!test_begin_gpu("gpu/rdna2/default-identical"))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     struct test_attn_data d;
     test_attn_make(&d, 128, 4, 2, 2100, 64, 2048, 64, 11u, 0.5f, 64);
     size_t n = (size_t)d.T * d.H * d.E;
@@ -324,9 +320,7 @@ void test_gpu_rdna2(void)
 
 void test_gpu_rdna2(void)
 {
-    if (!test_begin("gpu/rdna2"))
-        return;
-    test_skip("no GPU backend in this build");
+    test_begin_gpu("gpu/rdna2"); /* skips: no GPU backend */
 }
 
 #endif
