@@ -21,16 +21,6 @@
 #ifdef STRATA_GPU
 #include "gpu.h"
 
-static int tg_have_device(void)
-{
-    char name[128];
-    if (gpu_devices(name, sizeof name) <= 0) {
-        test_skip("no GPU");
-        return 0;
-    }
-    return 1;
-}
-
 /* ---- matrix-vector kernels ---- */
 
 /* Each output against the FP64 dot of the dequantised weights with the f32
@@ -44,7 +34,7 @@ static void tg_matvec_type(int type)
     const struct quant_type *qt = quant_type(type);
     char name[96];
     snprintf(name, sizeof name, "gpu/matvec %s vs FP64 and quant.c (bound: activation rounding)", qt->name);
-    if (!test_begin(name) || !tg_have_device())
+    if (!test_begin_gpu(name))
         return;
     /* rows of several chunks of the decode kernel; 161 blocks of 32 make
      * rows that start off 16-byte boundaries */
@@ -125,7 +115,7 @@ static void tg_matvec_type(int type)
 
 static void tg_kv_store(void)
 {
-    if (!test_begin("gpu/kv_store byte-equal to kv_store for f32 f16 int8 q4 k8v4") || !tg_have_device())
+    if (!test_begin_gpu("gpu/kv_store byte-equal to kv_store for f32 f16 int8 q4 k8v4"))
         return;
     enum { L = 2, K = 2, E = 128, NC = 40 };
     unsigned seed = 99;
@@ -326,8 +316,7 @@ static struct pool *tg_pool(void)
  * scored half of the first windows; mean |Δ logprob| over the CPU's top-10. */
 static void tg_demo(void)
 {
-    if (!test_begin("gpu/demo model GPU vs CPU: NLL within 0.2%, top-10 |dlogprob| <= 0.02") ||
-        !tg_have_device())
+    if (!test_begin_gpu("gpu/demo model GPU vs CPU: NLL within 0.2%, top-10 |dlogprob| <= 0.02"))
         return;
     char err[256];
     struct model *m = NULL;
@@ -471,7 +460,7 @@ static void tg_testdata(const char *file)
     snprintf(label, sizeof label, "%s", file);
     char name[256];
     snprintf(name, sizeof name, "gpu/%s GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)", label);
-    if (!test_begin(name) || !tg_have_device() || !test_data(file, path, sizeof path))
+    if (!test_begin_gpu(name) || !test_data(file, path, sizeof path))
         return;
     tg_random_model(label, path);
 }
@@ -485,9 +474,7 @@ static void tg_moe(void)
                     "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=768",
                     "--set", "n_expert=16", "--set", "n_expert_used=4", "--set", "n_ff_exp=256", "--set",
                     "n_vocab=2000", "--type", "Q4_K", "-o", (char *)path};
-    if (!test_begin("gpu/qwen3moe GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
-        return;
-    if (!tg_have_device())
+    if (!test_begin_gpu("gpu/qwen3moe GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
     if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
         return;
@@ -544,7 +531,7 @@ static void tg_bench_one(const char *shape, const char *type, const char *set)
 {
     char path[512], err[256], name[256];
     snprintf(name, sizeof name, "gpu/bench %s %s%s%s", shape, type, set ? " " : "", set ? set : "");
-    if (!test_begin(name) || !tg_have_device())
+    if (!test_begin_gpu(name))
         return;
     snprintf(path, sizeof path, "/tmp/strata-bench-%s-%s%s.gguf", shape, type, set ? "-cut" : "");
     FILE *f = fopen(path, "rb");
@@ -634,9 +621,7 @@ void test_gpu(void)
 
 void test_gpu(void)
 {
-    if (!test_begin("gpu/backend"))
-        return;
-    test_skip("no GPU backend in this build");
+    test_begin_gpu("gpu/backend"); /* skips: no GPU backend */
 }
 
 #endif

@@ -173,12 +173,8 @@ static int tg_deq_check(const char *what, int type, const uint8_t *w, size_t ldw
 
 static void tg_dequant(void)
 {
-    if (!test_begin("gpu/gemm/dequant-exact"))
+    if (!test_begin_gpu("gpu/gemm/dequant-exact"))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     int golden = 0, fresh = 0;
     char what[96];
     for (int i = 0; i < TG_NTYPES; i++) {
@@ -328,12 +324,8 @@ static void tg_gemm_type(int ti)
     int type = tg_types[ti];
     const struct quant_type *qt = quant_type(type);
     snprintf(names[ti], sizeof names[ti], "gpu/gemm/%s", qt->name);
-    if (!test_begin(names[ti]))
+    if (!test_begin_gpu(names[ti]))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     if (!CHECK(gpu_gemm_supports(type), "%s: gpu_gemm_supports says no", qt->name))
         return;
     static const int Ts[] = {1, 7, 16, 50, 100, 512}, ns[] = {256, 4096}, rowss[] = {64, 1000};
@@ -417,12 +409,8 @@ static double tg_devdiff(const void *da, const void *db, size_t count)
  * gate, up (-> 12288), down (12288 -> 4096); 36 layers. */
 static void tg_bench(void)
 {
-    if (!test_begin("gpu/gemm/bench-8b"))
+    if (!test_begin_gpu("gpu/gemm/bench-8b"))
         return;
-    if (gpu_devices(NULL, 0) == 0) {
-        test_skip("no GPU");
-        return;
-    }
     static const int btypes[] = {QT_Q4_K, QT_Q8_0, QT_F16}; /* F16: the same kernel with the least decoding */
     static const int shapes[][3] = {{4096, 12288, 2}, {12288, 4096, 1}, {4096, 4096, 2}, {4096, 1024, 2}};
     static const int Ts[] = {512, 4096};
@@ -522,9 +510,7 @@ void test_gpu_gemm(void)
 
 void test_gpu_gemm(void)
 {
-    if (!test_begin("gpu/gemm"))
-        return;
-    test_skip("no GPU backend in this build");
+    test_begin_gpu("gpu/gemm"); /* skips: no GPU backend */
 }
 
 #endif
