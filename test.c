@@ -151,6 +151,17 @@ int test_slow(void)
     return s && *s && strcmp(s, "0") != 0;
 }
 
+double test_lse(const float *lg, int V)
+{
+    float mx = lg[0];
+    for (int i = 1; i < V; i++)
+        mx = lg[i] > mx ? lg[i] : mx;
+    double s = 0;
+    for (int i = 0; i < V; i++)
+        s += exp((double)lg[i] - mx);
+    return mx + log(s);
+}
+
 unsigned test_rand(unsigned *state)
 {
     /* xorshift32: enough for test inputs, the same on every machine */

@@ -30,6 +30,8 @@ char *test_read_file(const char *path, size_t *len);
 /* Nonzero when STRATA_SLOW is set (make test-slow). */
 int test_slow(void);
 /* A deterministic random stream for test inputs. */
+/* log Σ exp(lg[0..V)) in double: log-probabilities from logits. */
+double test_lse(const float *lg, int V);
 unsigned test_rand(unsigned *state);
 float test_randf(unsigned *state); /* uniform in [-1, 1) */
 

@@ -39,13 +39,7 @@ static double demo_num(const struct json *j) { return j && j->kind == JSON_NUM ?
 /* log-softmax of logits (V) at id, the sum in double as the reference does. */
 static double demo_logprob(const float *lg, int V, int id)
 {
-    float mx = lg[0];
-    for (int i = 1; i < V; i++)
-        mx = lg[i] > mx ? lg[i] : mx;
-    double s = 0;
-    for (int i = 0; i < V; i++)
-        s += exp((double)lg[i] - mx);
-    return (double)lg[id] - mx - log(s);
+    return (double)lg[id] - test_lse(lg, V);
 }
 
 static int demo_argmax(const float *lg, int V)
@@ -229,18 +223,6 @@ done:
 
 #define DEMO_KV_TOP 10
 
-/* log-sum-exp of a row of logits, in double */
-static double demo_lse(const float *lg, int V)
-{
-    float mx = lg[0];
-    for (int i = 1; i < V; i++)
-        mx = lg[i] > mx ? lg[i] : mx;
-    double s = 0;
-    for (int i = 0; i < V; i++)
-        s += exp((double)lg[i] - mx);
-    return mx + log(s);
-}
-
 /* The ids of the n highest logits, highest first (ties to the lower id). */
 static void demo_top(const float *lg, int V, int *top, int n)
 {
@@ -307,7 +289,7 @@ static void test_demo_kv(void)
             double lse[NF];
             for (int f = 0; f < NF; f++) {
                 const float *row = lg[f] + (size_t)j * V;
-                lse[f] = demo_lse(row, V);
+                lse[f] = test_lse(row, V);
                 nll[f] += lse[f] - row[next];
             }
             demo_top(lg[0] + (size_t)j * V, V, top, DEMO_KV_TOP);

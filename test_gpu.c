@@ -199,18 +199,6 @@ static void tg_kv_store(void)
 
 /* ---- whole models ---- */
 
-/* log Σ exp(lg) (V), in double */
-static double tg_lse(const float *lg, int V)
-{
-    float mx = lg[0];
-    for (int i = 1; i < V; i++)
-        mx = lg[i] > mx ? lg[i] : mx;
-    double s = 0;
-    for (int i = 0; i < V; i++)
-        s += exp((double)lg[i] - mx);
-    return mx + log(s);
-}
-
 /* mean over ref's top-10 ids of |logprob(got) − logprob(ref)|; the log-sum-exps given */
 static double tg_top10_diff(const float *ref, double lse_ref, const float *got, double lse_got, int V)
 {
@@ -345,7 +333,7 @@ static void tg_demo(void)
             goto done;
         for (int j = first; j < W - 1; j++, scored++) {
             const float *a = lc + (size_t)j * V, *b = lgp + (size_t)j * V;
-            double la = tg_lse(a, V), lb = tg_lse(b, V);
+            double la = test_lse(a, V), lb = test_lse(b, V);
             nll_c -= a[w[j + 1]] - la;
             nll_g -= b[w[j + 1]] - lb;
             double d = tg_top10_diff(a, la, b, lb, V);
@@ -357,7 +345,7 @@ static void tg_demo(void)
                 goto done;
             for (int j = first; j < W; j++) {
                 const float *a = lc + (size_t)j * V, *b = lgp + (size_t)j * V;
-                dsum_dec += tg_top10_diff(a, tg_lse(a, V), b, tg_lse(b, V), V), nd_dec++;
+                dsum_dec += tg_top10_diff(a, test_lse(a, V), b, test_lse(b, V), V), nd_dec++;
                 agree += tg_argmax(a, V) == tg_argmax(b, V);
             }
         }
@@ -384,7 +372,7 @@ static void tg_demo(void)
             if (tg_gpu_run(&t2, w, W, first, lgp, V) != 0)
                 break;
             for (int j = first; j < W - 1; j++, sc++)
-                nll -= lgp[(size_t)j * V + w[j + 1]] - tg_lse(lgp + (size_t)j * V, V);
+                nll -= lgp[(size_t)j * V + w[j + 1]] - test_lse(lgp + (size_t)j * V, V);
         }
         printf("  demo decode with %s KV: mean NLL %.5f over %d\n", kv_cell_name(cell), nll / sc, sc);
         CHECK(sc > 0 && isfinite(nll), "%s KV: NLL not finite", kv_cell_name(cell));
@@ -432,13 +420,13 @@ static void tg_random_model(const char *label, const char *path)
         const float *a = lc + (size_t)i * V, *b = lgp + (size_t)i * V;
         for (int j = 0; j < V; j++)
             nonfinite += !isfinite(b[j]);
-        double la = tg_lse(a, V), d = tg_top10_diff(a, la, b, tg_lse(b, V), V);
+        double la = test_lse(a, V), d = tg_top10_diff(a, la, b, test_lse(b, V), V);
         dg += d;
         if (i < N / 2)
             dgp += d;
         else
             dgd += d;
-        df += tg_top10_diff(a, la, lf + (size_t)i * V, tg_lse(lf + (size_t)i * V, V), V);
+        df += tg_top10_diff(a, la, lf + (size_t)i * V, test_lse(lf + (size_t)i * V, V), V);
         agree += tg_argmax(a, V) == tg_argmax(b, V);
     }
     dg /= N, df /= N;

@@ -854,15 +854,8 @@ static void test_load_errors(void)
 /* log-softmax of logits at id, in double */
 static double log_softmax(const float *lg, int V, int id, double *lse_cache)
 {
-    if (isnan(*lse_cache)) {
-        float mx = lg[0];
-        for (int i = 1; i < V; i++)
-            mx = lg[i] > mx ? lg[i] : mx;
-        double s = 0;
-        for (int i = 0; i < V; i++)
-            s += exp((double)lg[i] - mx);
-        *lse_cache = mx + log(s);
-    }
+    if (isnan(*lse_cache))
+        *lse_cache = test_lse(lg, V);
     return (double)lg[id] - *lse_cache;
 }
 
