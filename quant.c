@@ -1797,8 +1797,10 @@ static float ksb_dot(const struct ksb *k, const blk_q8_K *a)
     return a->d * (k->d * (float)isum - k->dmin * (float)msum);
 }
 
-#define KSB_DOT(type)                                                              \
-    static void dot_##type##_scalar(int n, float *s, const void *vw, const void *va) \
+/* dot_<type>_<isa>: the blocks unpacked by ksb_<type>, each dotted by
+ * ksb_dot_fn (one definition for every ISA's K-style dot) */
+#define KSB_DOT(type, isa, ksb_dot_fn)                                                \
+    static void dot_##type##_##isa(int n, float *s, const void *vw, const void *va)  \
     {                                                                              \
         const blk_##type *w = vw;                                                  \
         const blk_q8_K *a = va;                                                    \
@@ -1806,21 +1808,21 @@ static float ksb_dot(const struct ksb *k, const blk_q8_K *a)
         float sum = 0;                                                             \
         for (int i = 0; i < n / QK; i++) {                                         \
             ksb_##type(&w[i], &k);                                                 \
-            sum += ksb_dot(&k, &a[i]);                                             \
+            sum += ksb_dot_fn(&k, &a[i]);                                          \
         }                                                                          \
         *s = sum;                                                                  \
     }
-KSB_DOT(q2_K)
-KSB_DOT(q3_K)
-KSB_DOT(q4_K)
-KSB_DOT(q5_K)
-KSB_DOT(q6_K)
-KSB_DOT(iq4_xs)
-KSB_DOT(iq2_xxs)
-KSB_DOT(iq2_xs)
-KSB_DOT(iq2_s)
-KSB_DOT(iq3_xxs)
-KSB_DOT(iq3_s)
+KSB_DOT(q2_K, scalar, ksb_dot)
+KSB_DOT(q3_K, scalar, ksb_dot)
+KSB_DOT(q4_K, scalar, ksb_dot)
+KSB_DOT(q5_K, scalar, ksb_dot)
+KSB_DOT(q6_K, scalar, ksb_dot)
+KSB_DOT(iq4_xs, scalar, ksb_dot)
+KSB_DOT(iq2_xxs, scalar, ksb_dot)
+KSB_DOT(iq2_xs, scalar, ksb_dot)
+KSB_DOT(iq2_s, scalar, ksb_dot)
+KSB_DOT(iq3_xxs, scalar, ksb_dot)
+KSB_DOT(iq3_s, scalar, ksb_dot)
 
 /* ==== AVX2 row dots: one weight row with one activation row ==== */
 
@@ -2097,27 +2099,14 @@ static void dot_q6_K_avx2(int n, float *s, const void *vw, const void *va)
 
 #endif
 
-#define KSB_DOT_AVX2(type)                                                        \
-    static void dot_##type##_avx2(int n, float *s, const void *vw, const void *va) \
-    {                                                                             \
-        const blk_##type *w = vw;                                                 \
-        const blk_q8_K *a = va;                                                   \
-        struct ksb k;                                                             \
-        float sum = 0;                                                            \
-        for (int i = 0; i < n / QK; i++) {                                        \
-            ksb_##type(&w[i], &k);                                                \
-            sum += ksb_dot_avx2(&k, &a[i]);                                       \
-        }                                                                         \
-        *s = sum;                                                                 \
-    }
-KSB_DOT_AVX2(q2_K)
-KSB_DOT_AVX2(q3_K)
-KSB_DOT_AVX2(iq4_xs)
-KSB_DOT_AVX2(iq2_xxs)
-KSB_DOT_AVX2(iq2_xs)
-KSB_DOT_AVX2(iq2_s)
-KSB_DOT_AVX2(iq3_xxs)
-KSB_DOT_AVX2(iq3_s)
+KSB_DOT(q2_K, avx2, ksb_dot_avx2)
+KSB_DOT(q3_K, avx2, ksb_dot_avx2)
+KSB_DOT(iq4_xs, avx2, ksb_dot_avx2)
+KSB_DOT(iq2_xxs, avx2, ksb_dot_avx2)
+KSB_DOT(iq2_xs, avx2, ksb_dot_avx2)
+KSB_DOT(iq2_s, avx2, ksb_dot_avx2)
+KSB_DOT(iq3_xxs, avx2, ksb_dot_avx2)
+KSB_DOT(iq3_s, avx2, ksb_dot_avx2)
 
 static void dot_f32_avx2(int n, float *s, const void *vw, const void *va)
 {
