@@ -50,13 +50,8 @@ struct model {
     struct gguf g;
     struct model_hp hp;
     struct tok *tok;              /* NULL when the file has no tokenizer */
-    struct model_mat tok_embd;          /* (V, D) */
-    struct model_mat output;            /* (V, D): tok_embd when tied */
-    const float *output_norm;     /* (D) */
-    const float *output_b;        /* (V) optional */
-    const float *rope_freqs;      /* (n_rot/2) optional frequency divisors */
-    float freq_scale;             /* 1 / rope.scaling.factor for linear scaling */
-    struct model_layer *layers;         /* (n_layer) */
+    struct model_weights w;       /* w.layers is layers, read-only */
+    struct model_layer *layers;   /* (n_layer) */
     float *vecs;                  /* F32 copies of the non-F32 1-D tensors */
     size_t vecs_used, vecs_cap;   /* floats */
     size_t max_act_row;           /* bytes of the widest activation row in any dot type */
@@ -275,7 +270,7 @@ static int ld_hparams(struct loader *L)
 
     /* RoPE scaling: none or linear; the others change the frequencies in ways
      * this engine does not reproduce yet */
-    m->freq_scale = 1.0f;
+    m->w.freq_scale = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", L->arch);
     if (gguf_get_str(&m->g, key, &s) == 0 && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) {
@@ -286,7 +281,7 @@ static int ld_hparams(struct loader *L)
         if (ld_key_f32(L, "rope.scaling.factor", 1.0f, 0, &factor)) return -1;
         if (!(factor > 0))
             return strata_errf(L->err, L->errlen, "%s.rope.scaling.factor must be positive", L->arch);
-        m->freq_scale = 1.0f / factor;
+        m->w.freq_scale = 1.0f / factor;
     }
     return 0;
 }
@@ -423,20 +418,21 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
         goto fail;
     }
     int64_t D = hp->n_embd, V = hp->n_vocab;
-    if (ld_mat(&L, &m->tok_embd, "token_embd.weight", D, V, 0, 1))
+    if (ld_mat(&L, &m->w.tok_embd, "token_embd.weight", D, V, 0, 1))
         goto fail;
-    int r = ld_mat(&L, &m->output, "output.weight", D, V, 0, 0);
+    int r = ld_mat(&L, &m->w.output, "output.weight", D, V, 0, 0);
     if (r < 0)
         goto fail;
     if (r == 1)
-        m->output = m->tok_embd;   /* tied LM head */
-    note_act(m, &m->output, (int)D);
-    if (ld_vec(&L, &m->output_norm, "output_norm.weight", D, 1) ||
-        ld_vec(&L, &m->output_b, "output.bias", V, 0) ||
-        ld_vec(&L, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0))
+        m->w.output = m->w.tok_embd;   /* tied LM head */
+    note_act(m, &m->w.output, (int)D);
+    if (ld_vec(&L, &m->w.output_norm, "output_norm.weight", D, 1) ||
+        ld_vec(&L, &m->w.output_b, "output.bias", V, 0) ||
+        ld_vec(&L, &m->w.rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0))
         goto fail;
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    m->w.layers = m->layers;
     if (!m->layers) {
         strata_errf(err, errlen, "out of memory");
         goto fail;
@@ -471,13 +467,7 @@ const struct model_hp *model_hp(const struct model *m) { return &m->hp; }
 
 void model_weights(const struct model *m, struct model_weights *w)
 {
-    w->tok_embd = m->tok_embd;
-    w->output = m->output;
-    w->output_norm = m->output_norm;
-    w->output_b = m->output_b;
-    w->rope_freqs = m->rope_freqs;
-    w->freq_scale = m->freq_scale;
-    w->layers = m->layers;
+    *w = m->w;
 }
 const struct tok *model_tok(const struct model *m) { return m->tok; }
 const struct gguf *model_gguf(const struct model *m) { return &m->g; }
@@ -495,7 +485,7 @@ static size_t mat_bytes(const struct model_mat *w) { return w->data ? w->stride 
 size_t model_decode_bytes(const struct model *m)
 {
     const struct model_hp *hp = &m->hp;
-    size_t n = mat_bytes(&m->output) + m->tok_embd.ldw;
+    size_t n = mat_bytes(&m->w.output) + m->w.tok_embd.ldw;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct model_layer *ly = &m->layers[il];
         n += mat_bytes(&ly->wq) + mat_bytes(&ly->wk) + mat_bytes(&ly->wv) + mat_bytes(&ly->wo);
@@ -1177,8 +1167,8 @@ static void rope_rows(struct model_ctx *c, const void *p, int r0, int r1, int it
         float *cs = c->rope + (size_t)t * nr;
         float theta = (float)c->rpos[t];
         for (int i = 0; i < nr / 2; i++) {
-            float th = m->rope_freqs ? theta / m->rope_freqs[i] : theta;
-            th = m->freq_scale * th;
+            float th = m->w.rope_freqs ? theta / m->w.rope_freqs[i] : theta;
+            th = m->w.freq_scale * th;
             cs[2 * i] = cosf(th);
             cs[2 * i + 1] = sinf(th);
             theta *= theta_scale;
@@ -1445,7 +1435,7 @@ static void embed_rows(struct model_ctx *c, const void *p, int r0, int r1, int i
 {
     (void)ith;
     const int32_t *tokens = p;
-    const struct model_mat *w = &c->m->tok_embd;
+    const struct model_mat *w = &c->m->w.tok_embd;
     const struct quant_type *qt = quant_type(w->type);
     for (int t = r0; t < r1; t++)
         qt->to_f32(w->data + (size_t)tokens[t] * w->ldw, c->x + (size_t)t * w->n, w->n);
@@ -1571,15 +1561,15 @@ static int forward(struct model_ctx *c, const struct pass *ps, const int32_t *to
     int n = T - ps->out0;
     if (n <= 0)
         return 0;
-    struct norm_arg na = {c->x + (size_t)ps->out0 * D, c->xn, m->output_norm};
+    struct norm_arg na = {c->x + (size_t)ps->out0 * D, c->xn, m->w.output_norm};
     rows_run(c, norm_rows, &na, n, (size_t)D);
     act_begin(c, c->xn, n, D);
-    struct mm_job head = mm_job(c, &m->output, 0, logits, (size_t)V);
+    struct mm_job head = mm_job(c, &m->w.output, 0, logits, (size_t)V);
     mm_run(c, &head, 1);
-    if (m->output_b)
+    if (m->w.output_b)
         for (int t = 0; t < n; t++)
             for (int i = 0; i < V; i++)
-                logits[(size_t)t * V + i] += m->output_b[i];
+                logits[(size_t)t * V + i] += m->w.output_b[i];
     return 0;
 }
 
