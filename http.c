@@ -257,15 +257,6 @@ static uint64_t random_u64(void)
     return x;
 }
 
-/* A JSON number; JSON has no infinities or NaN, so those become null. */
-static void put_num(FILE *f, double v, const char *fmt)
-{
-    if (isfinite(v))
-        fprintf(f, fmt, v);
-    else
-        fputs("null", f);
-}
-
 static void put_cstr(FILE *f, const char *s)
 {
     json_put_str(f, s, strlen(s));
@@ -1089,17 +1080,17 @@ static void put_timings(FILE *f, const struct sched_job *j)
     double pms = j->t_prompt > 0 ? (j->t_prompt - j->t_start) * 1e3 : 0;
     double gms = j->t_prompt > 0 ? ((j->t_end > 0 ? j->t_end : now_s()) - j->t_prompt) * 1e3 : 0;
     fprintf(f, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":", j->n_cached, prompt_n);
-    put_num(f, pms, "%.3f");
+    json_put_num(f, pms, "%.3f");
     fputs(",\"prompt_per_token_ms\":", f);
-    put_num(f, prompt_n ? pms / prompt_n : 0, "%.3f");
+    json_put_num(f, prompt_n ? pms / prompt_n : 0, "%.3f");
     fputs(",\"prompt_per_second\":", f);
-    put_num(f, pms > 0 ? prompt_n / (pms / 1e3) : 0, "%.3f");
+    json_put_num(f, pms > 0 ? prompt_n / (pms / 1e3) : 0, "%.3f");
     fprintf(f, ",\"predicted_n\":%d,\"predicted_ms\":", j->n_ids);
-    put_num(f, gms, "%.3f");
+    json_put_num(f, gms, "%.3f");
     fputs(",\"predicted_per_token_ms\":", f);
-    put_num(f, j->n_ids ? gms / j->n_ids : 0, "%.3f");
+    json_put_num(f, j->n_ids ? gms / j->n_ids : 0, "%.3f");
     fputs(",\"predicted_per_second\":", f);
-    put_num(f, gms > 0 ? j->n_ids / (gms / 1e3) : 0, "%.3f");
+    json_put_num(f, gms > 0 ? j->n_ids / (gms / 1e3) : 0, "%.3f");
     fputc('}', f);
 }
 
@@ -1132,14 +1123,14 @@ static void put_probs_native(FILE *f, struct server *s, const struct sched_job *
         fprintf(f, "%s{\"id\":%" PRId32 ",", i > a ? "," : "", j->ids[i]);
         put_token(f, s, j->ids[i], "token");
         fputs(",\"logprob\":", f);
-        put_num(f, j->lp[i], "%.9g");
+        json_put_num(f, j->lp[i], "%.9g");
         fputs(",\"top_logprobs\":[", f);
         const struct sample_top *t = j->top + (size_t)i * (size_t)j->req.n_top;
         for (int k = 0; k < j->req.n_top; k++) {
             fprintf(f, "%s{\"id\":%" PRId32 ",", k ? "," : "", t[k].id);
             put_token(f, s, t[k].id, "token");
             fputs(",\"logprob\":", f);
-            put_num(f, t[k].logprob, "%.9g");
+            json_put_num(f, t[k].logprob, "%.9g");
             fputc('}', f);
         }
         fputs("]}", f);
@@ -1153,14 +1144,14 @@ static void put_probs_chat(FILE *f, struct server *s, const struct sched_job *j,
         fputs(i > a ? ",{" : "{", f);
         put_token(f, s, j->ids[i], "token");
         fputs(",\"logprob\":", f);
-        put_num(f, j->lp[i], "%.9g");
+        json_put_num(f, j->lp[i], "%.9g");
         fputs(",\"top_logprobs\":[", f);
         const struct sample_top *t = j->top + (size_t)i * (size_t)j->req.n_top;
         for (int k = 0; k < j->req.n_top; k++) {
             fputs(k ? ",{" : "{", f);
             put_token(f, s, t[k].id, "token");
             fputs(",\"logprob\":", f);
-            put_num(f, t[k].logprob, "%.9g");
+            json_put_num(f, t[k].logprob, "%.9g");
             fputc('}', f);
         }
         fputs("]}", f);
@@ -1182,7 +1173,7 @@ static void put_probs_legacy(FILE *f, struct server *s, const struct sched_job *
     for (int i = a; i < b; i++) {
         if (i > a)
             fputc(',', f);
-        put_num(f, j->lp[i], "%.9g");
+        json_put_num(f, j->lp[i], "%.9g");
     }
     fputs("],\"top_logprobs\":[", f);
     for (int i = a; i < b; i++) {
@@ -1194,7 +1185,7 @@ static void put_probs_legacy(FILE *f, struct server *s, const struct sched_job *
                 fputc(',', f);
             json_put_str(f, buf, n < sizeof buf ? n : sizeof buf);
             fputc(':', f);
-            put_num(f, t[k].logprob, "%.9g");
+            json_put_num(f, t[k].logprob, "%.9g");
         }
         fputc('}', f);
     }
@@ -1236,17 +1227,17 @@ static void put_native(FILE *f, struct server *s, const struct gen *g, const str
     }
     if (final) {
         fprintf(f, ",\"generation_settings\":{\"n_predict\":%d,\"temperature\":", g->n_predict);
-        put_num(f, g->sp.temp, "%.9g");
+        json_put_num(f, g->sp.temp, "%.9g");
         fprintf(f, ",\"top_k\":%d,\"top_p\":", g->sp.top_k);
-        put_num(f, g->sp.top_p, "%.9g");
+        json_put_num(f, g->sp.top_p, "%.9g");
         fputs(",\"min_p\":", f);
-        put_num(f, g->sp.min_p, "%.9g");
+        json_put_num(f, g->sp.min_p, "%.9g");
         fputs(",\"presence_penalty\":", f);
-        put_num(f, g->sp.presence_penalty, "%.9g");
+        json_put_num(f, g->sp.presence_penalty, "%.9g");
         fputs(",\"frequency_penalty\":", f);
-        put_num(f, g->sp.frequency_penalty, "%.9g");
+        json_put_num(f, g->sp.frequency_penalty, "%.9g");
         fputs(",\"repeat_penalty\":", f);
-        put_num(f, g->sp.repeat_penalty, "%.9g");
+        json_put_num(f, g->sp.repeat_penalty, "%.9g");
         fprintf(f, ",\"repeat_last_n\":%d,\"seed\":%" PRIu64 ",\"n_probs\":%d,\"cache_prompt\":%s,\"stream\":%s}",
                 g->sp.repeat_last_n, g->sp.seed, g->n_top, g->cache_prompt ? "true" : "false",
                 g->stream ? "true" : "false");

@@ -462,6 +462,14 @@ const struct json *json_get(const struct json *obj, const char *key)
 
 /* ==== the writer ==== */
 
+void json_put_num(FILE *f, double v, const char *fmt)
+{
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("null", f);
+}
+
 void json_put_str(FILE *f, const char *s, size_t len)
 {
     const uint8_t *u = (const uint8_t *)s;

@@ -68,7 +68,7 @@ struct kv {
     struct kv_seq *seq;          /* (n_seq) */
     void *meta;                  /* the one allocation behind page/tok/table/seq/pt */
     size_t meta_bytes;
-    const struct quant_type *q4; /* Q4_0 from quant.c */
+    const struct quant_type *q4, *f16; /* Q4_0 and F16 from quant.c */
 };
 
 /* ==== cell formats ==== */
@@ -135,18 +135,6 @@ static void kv_f16_to_f32(const uint16_t *x, float *y, size_t n)
         y[i] = quant_f16_to_f32(x[i]);
 }
 
-static void kv_f32_to_f16(const float *x, uint16_t *y, int n)
-{
-    int i = 0;
-#ifdef KV_F16C
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(y + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++)
-        y[i] = quant_f32_to_f16(x[i]);
-}
-
 /* int8 row: scale d = absmax/127, codes round(x/d) (ties to even), so the
  * largest magnitude is exact and every error is at most d/2. */
 static void kv_i8_encode(const float *x, uint8_t *dst, int E)
@@ -208,7 +196,7 @@ static void kv_encode(const struct kv *kv, int row, const float *x, uint8_t *dst
 {
     switch (row) {
     case ROW_F32: memcpy(dst, x, (size_t)kv->E * 4); break;
-    case ROW_F16: kv_f32_to_f16(x, (uint16_t *)dst, kv->E); break;
+    case ROW_F16: kv->f16->from_f32(x, dst, kv->E); break;
     case ROW_I8: kv_i8_encode(x, dst, kv->E); break;
     case ROW_Q4: kv->q4->from_f32(x, dst, kv->E); break;
     }
@@ -458,6 +446,7 @@ int kv_new(struct kv **out, const struct kv_config *cfg_in, char *err, size_t er
     kv->n_pages = (int)n_pages;
     kv->max_pages = max_pages;
     kv->q4 = quant_type(QT_Q4_0);
+    kv->f16 = quant_type(QT_F16);
     uint32_t cap = 16;
     while (cap < 2u * (uint32_t)n_pages)
         cap <<= 1;

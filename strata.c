@@ -127,15 +127,6 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* A JSON number; JSON has no infinities or NaN, so those become null. */
-static void put_num(FILE *f, double v, const char *fmt)
-{
-    if (isfinite(v))
-        fprintf(f, fmt, v);
-    else
-        fputs("null", f);
-}
-
 /* ==== options ==== */
 
 enum { C_GEN = 1, C_TOK = 2, C_PPL = 4, C_INFO = 8, C_BENCH = 16, C_ALL = 31 };
@@ -439,12 +430,12 @@ static void put_gen_json(FILE *f, const struct tok *t, const int32_t *prompt, in
         for (size_t k = 0; k < n; k++)
             fprintf(f, k ? ",%u" : "%u", (unsigned char)buf[k]);
         fputs("],\"logprob\":", f);
-        put_num(f, out[i].logprob, "%.9g");
+        json_put_num(f, out[i].logprob, "%.9g");
         if (n_top > 0) {
             fputs(",\"top\":[", f);
             for (int k = 0; k < n_top; k++) {
                 fprintf(f, "%s{\"id\":%" PRId32 ",\"logprob\":", k ? "," : "", out[i].top[k].id);
-                put_num(f, out[i].top[k].logprob, "%.9g");
+                json_put_num(f, out[i].top[k].logprob, "%.9g");
                 fputc('}', f);
             }
             fputc(']', f);
@@ -452,13 +443,13 @@ static void put_gen_json(FILE *f, const struct tok *t, const int32_t *prompt, in
         fputc('}', f);
     }
     fputs("],\"timings\":{\"prompt_ms\":", f);
-    put_num(f, prompt_ms, "%.3f");
+    json_put_num(f, prompt_ms, "%.3f");
     fputs(",\"prompt_tok_s\":", f);
-    put_num(f, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0, "%.3f");
+    json_put_num(f, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0, "%.3f");
     fputs(",\"decode_ms\":", f);
-    put_num(f, decode_ms, "%.3f");
+    json_put_num(f, decode_ms, "%.3f");
     fputs(",\"decode_tok_s\":", f);
-    put_num(f, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, "%.3f");
+    json_put_num(f, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, "%.3f");
     fputs("}}\n", f);
     free(buf);
 }
@@ -750,9 +741,9 @@ static int cmd_perplexity(struct opts *o)
     double err_ppl = var > 0 && count > 1 ? sqrt(var / (count - 1)) * ppl : 0;
     if (o->json) {
         fputs("{\"ppl\":", stdout);
-        put_num(stdout, ppl, "%.17g");
+        json_put_num(stdout, ppl, "%.17g");
         fputs(",\"ppl_err\":", stdout);
-        put_num(stdout, err_ppl, "%.17g");
+        json_put_num(stdout, err_ppl, "%.17g");
         printf(",\"tokens\":%ld,\"chunks\":%d}\n", count, n_chunks);
     } else {
         printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, err_ppl);

@@ -247,6 +247,9 @@ void json_free(struct json *j); /* the root from json_parse only; zeroes it */
 const struct json *json_get(const struct json *obj, const char *key); /* NULL if absent */
 /* Appends s as a JSON string literal (quotes, escapes; invalid UTF-8 → U+FFFD). */
 void json_put_str(FILE *f, const char *s, size_t len);
+/* Appends v with printf format fmt; JSON has no infinities or NaN, so those
+ * become null. */
+void json_put_num(FILE *f, double v, const char *fmt);
 
 /* ==== tok.c: tokenizers ==== */
 
