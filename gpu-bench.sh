@@ -13,7 +13,8 @@
 # (64 MiB travel with a run, the working tree included: one tiny model; the
 # synthetic models get synth's own plain vocabulary.)
 #
-# Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
+# Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
+# an 8B Q4_K decode step), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
 # (each model step writes its model to /tmp, benchmarks it and deletes it).
 # STRATA=path runs another strata binary; BUDGET=s skips the steps that would
 # start after s seconds (a run has a time limit).
@@ -30,7 +31,10 @@ bench_model() { # name shape type
     $S synth --shape "$2" --type "$3" -o "$m" >/dev/null || return
     echo "== $1 (synth $((SECONDS - t0)) s)"
     $S bench -m "$m" --device gpu -p 512 -n 128 -r 5 -c 1024 2>/dev/null
-    $S bench -m "$m" --device gpu -p 4096 -n 0 -r 5 -c 4096 2>/dev/null | grep -E '^prompt'
+    for ch in 512 2048 4096; do
+        echo "-- pp4096, --prefill-chunk $ch"
+        $S bench -m "$m" --device gpu -p 4096 -n 0 -r 5 -c 4096 --prefill-chunk $ch 2>/dev/null | grep -E '^prompt'
+    done
     for kv in f16 int8; do
         echo "-- tg128 at 32K context, --kv $kv"
         $S bench -m "$m" --device gpu --kv $kv -p 0 -n 128 -d 32768 -r 3 -c 33024 2>/dev/null |
@@ -45,7 +49,8 @@ for step in "$@"; do
         continue
     fi
     case $step in
-    tests) STRATA_TESTDATA=$D/testdata "$D/test" gpu/ 2>&1 | tail -n 60 ;;
+    tests) STRATA_TESTDATA=$D/testdata "$D/test" gpu/ 2>&1 | grep -v '^ok' | tail -n 60 ;;
+    profile) STRATA_GPU_BENCH=1 "$D/test" gpu/bench 2>&1 | tail -n 8 ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;

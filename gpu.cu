@@ -31,6 +31,21 @@ typedef float4 gf_ads;
 
 /* ==== device helpers ==== */
 
+/* Programmatic dependent launch (sm_90; gf_launch): a kernel's blocks may
+ * be resident before the kernel ahead of it has finished, so every kernel
+ * of the forward pass starts here: it waits until the kernel ahead has
+ * finished and its writes show (before any load or store: the one ahead may
+ * still read what this one overwrites), then lets the next kernel launch.
+ * The gain is the launch latency, hidden behind the tail of the kernel
+ * ahead. A no-op elsewhere. */
+static __device__ __forceinline__ void gf_pdl_begin()
+{
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ uint16_t gf_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 static __device__ __forceinline__ uint16_t gf_ld16(const uint8_t *p) { return *(const uint16_t *)p; }
@@ -181,43 +196,48 @@ struct gf_q8_0 {
 };
 
 /* Q4_K: unit p (of 4) is the sub-block pair 2p, 2p+1: 32 bytes of nibbles,
- * low for sub-block 2p, high for 2p+1. The header (d, dmin, twelve 6-bit
+ * low for sub-block 2p, high for 2p+1. The header h (d, dmin, twelve 6-bit
  * scale bytes) is read as four words and the pair's two scales and mins are
  * cut out of them with shifts and masks, the same for every p (selects, no
- * branch that splits a warp). */
+ * branch that splits a warp; quant.c's get_scale_min_k4). The product of a
+ * unit with activation codes xa and their blocks' scales xs: */
+static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], const int4 (&xa)[4],
+                                                    const gf_ads (&xs)[2], int p)
+{
+    int sh = 16 * (p & 1);
+    uint32_t a0 = (uint32_t)h.y >> sh, a1 = (uint32_t)h.z >> sh, a2 = (uint32_t)h.w >> sh;
+    uint32_t sc = p >= 2 ? (a2 & 0x0f0f) | ((a0 >> 2) & 0x3030) : a0 & 0x3f3f;
+    uint32_t mn = p >= 2 ? ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030) : a1 & 0x3f3f;
+    float d = gf_h2f((uint16_t)((uint32_t)h.x & 0xffff)), dmin = gf_h2f((uint16_t)((uint32_t)h.x >> 16));
+    const int w[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+    const int ax[8] = {xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w};
+    const int ay[8] = {xa[2].x, xa[2].y, xa[2].z, xa[2].w, xa[3].x, xa[3].y, xa[3].z, xa[3].w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        s0 = gpu_dp4a(w[i] & 0x0F0F0F0F, ax[i], s0);
+        s1 = gpu_dp4a((w[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
+    }
+    float dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
+    float ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
+    return xs[0].x * (dl * (float)s0 - ml * xs[0].z) + xs[1].x * (dh * (float)s1 - mh * xs[1].z);
+}
+
 struct gf_q4_K {
     enum { BLK = 256, BYTES = 144, UNITS = 4, FLOAT = 0 };
-    float dl, dh, ml, mh;
-    int4 w0, w1;
+    int4 h, w[2];
     int p;
     __device__ void load(const uint8_t *bx, int unit) {
         p = unit;
-        const uint32_t *h = (const uint32_t *)bx;
-        uint32_t dd = h[0], sh = 16 * (unit & 1);
-        uint32_t a0 = h[1] >> sh, a1 = h[2] >> sh, a2 = h[3] >> sh;
-        /* bytes 0 and 1: sub-blocks 2p and 2p+1 (quant.c's get_scale_min_k4) */
-        uint32_t sc = unit < 2 ? a0 & 0x3f3f : (a2 & 0x0f0f) | ((a0 >> 2) & 0x3030);
-        uint32_t mn = unit < 2 ? a1 & 0x3f3f : ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030);
-        float d = gf_h2f((uint16_t)(dd & 0xffff)), dmin = gf_h2f((uint16_t)(dd >> 16));
-        dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
-        ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
+        h = *(const int4 *)bx;
         const int4 *q = (const int4 *)(bx + 16) + 2 * unit;
-        w0 = q[0], w1 = q[1];
+        w[0] = q[0], w[1] = q[1];
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
         const int4 *a = (const int4 *)(aq + 64 * p);
-        const int4 x0 = a[0], x1 = a[1], y0 = a[2], y1 = a[3];
-        const int q[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        const int ax[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const int ay[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            s0 = gpu_dp4a(q[i] & 0x0F0F0F0F, ax[i], s0);
-            s1 = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
-        }
-        gf_ads b0 = ads[2 * p], b1 = ads[2 * p + 1];
-        return b0.x * (dl * (float)s0 - ml * b0.z) + b1.x * (dh * (float)s1 - mh * b1.z);
+        const int4 xa[4] = {a[0], a[1], a[2], a[3]};
+        const gf_ads xs[2] = {ads[2 * p], ads[2 * p + 1]};
+        return gf_q4k_pair(h, w, xa, xs, p);
     }
 };
 
@@ -394,6 +414,7 @@ static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, in
 template <class Q, int NT, int R>
 __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 {
+    gf_pdl_begin();
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int r0 = (blockIdx.x * GF_MV_WARPS + warp) * R, total = p.end[p.parts - 1];
     if (r0 >= total)
@@ -505,6 +526,7 @@ static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_s
 template <class Q>
 __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p)
 {
+    gf_pdl_begin();
     typedef gf_mv1_shape<Q> S;
     __shared__ int4 sm[GF_MV1_WARPS][GF_MV1_R][S::NV];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -576,6 +598,124 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     }
 }
 
+/* ==== the Q4_K decode kernel: the activation held in registers ====
+ * With int8 activations a matrix-vector product reads one activation byte
+ * per weight (twice the bytes of a Q4_K weight) from L1; re-reading it for
+ * every row made L1, not memory, the limit of the kernels above. Here each
+ * lane keeps the activation of its column units in registers for the whole
+ * kernel (UL units of 64 columns: 16 words of codes and two blocks' scales
+ * each) and streams rows past it: per round a warp takes R rows' units (the
+ * 16-byte header and the 32 bytes of codes of each), and the next round's
+ * loads are issued before this round's arithmetic. The first round's loads
+ * go out before the kernel waits for the one ahead (weights are no kernel's
+ * output), so they overlap its tail and the activation work. Rows wider
+ * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each; a
+ * round's partial sums meet in shared memory and are added in slice order
+ * (deterministic). The grid is sized to the resident blocks and walks the
+ * row tiles. (Quantising the activation in each block instead of in
+ * gf_act_kernel before it was tried: slower on the H200, BENCH.md.) */
+#define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows */
+#define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
+
+/* the R rows from r0 (the last row past the end) at units ub of each */
+template <int UL, int R>
+static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, size_t eoff, int r0, int total,
+                                                    const int (&ub)[UL], int4 (&h)[R][UL], int4 (&q)[R][UL][2])
+{
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int r = r0 + j < total ? r0 + j : total - 1;
+        int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
+        const uint8_t *w = p.w[pt] + eoff + (size_t)(r - (pt ? p.end[pt - 1] : 0)) * p.ldw;
+#pragma unroll
+        for (int k = 0; k < UL; k++) {
+            const int4 *b = (const int4 *)(w + (size_t)(ub[k] >> 2) * 144);
+            h[j][k] = gf_ld_stream(b);
+            q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
+            q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
+        }
+    }
+}
+
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
+{
+    enum { R = 2 / UL, RT = GF_MVK_SUB * R };
+    __shared__ float part[2][GF_MVK_SMAX][RT];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
+    /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
+    int ub[UL];
+    bool ok[UL];
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        int u = (slice * UL + k) * GPU_WARP + lane;
+        ok[k] = u < U;
+        ub[k] = ok[k] ? u : 0;
+    }
+    int4 wh[R][UL], wq[R][UL][2];
+    int tile = blockIdx.x;
+    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
+        gf_mvk_fetch<UL, R>(p, 0, tile * RT + sub * R, total, ub, wh, wq);
+    gf_pdl_begin();
+    size_t eoff = p.ids ? (size_t)p.ids[g] * p.estride : 0, arow = (size_t)(g / p.a_div) * p.a_g;
+    if (p.ids && tile < tiles)
+        gf_mvk_fetch<UL, R>(p, eoff, tile * RT + sub * R, total, ub, wh, wq);
+    int4 xa[UL][4];
+    gf_ads xs[UL][2];
+    const int4 *aq = (const int4 *)(p.aq + arow * p.n);
+    const gf_ads *ads = p.ads + arow * (p.n / GF_AB);
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xa[k][i] = aq[4 * ub[k] + i];
+        xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
+    }
+    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
+        int4 nh[R][UL], nq[R][UL][2];
+        if (tile + (int)gridDim.x < tiles)
+            gf_mvk_fetch<UL, R>(p, eoff, (tile + gridDim.x) * RT + sub * R, total, ub, nh, nq);
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < UL; k++)
+                if (ok[k])
+                    acc[j] += gf_q4k_pair(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float sum = warp_sum(acc[j]);
+            if (lane == 0)
+                part[round & 1][slice][sub * R + j] = sum;
+        }
+        __syncthreads();   /* one barrier a round: the next round writes the other half of part */
+        if (threadIdx.x < RT) {
+            int r = tile * RT + threadIdx.x;
+            if (r < total) {
+                float sum = part[round & 1][0][threadIdx.x];
+                for (int i = 1; i < S; i++)
+                    sum += part[round & 1][i][threadIdx.x];
+                int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2, rr = r - (pt ? p.end[pt - 1] : 0);
+                float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + rr;
+                if (p.bias[pt])
+                    sum = sum + p.bias[pt][rr];
+                if (p.accumulate)
+                    sum = sum + *yp;
+                *yp = sum;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int k = 0; k < UL; k++)
+                wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
+    }
+}
+
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
 
 enum { GF_ACT_PLAIN, GF_ACT_NORM, GF_ACT_SWIGLU };
@@ -611,6 +751,7 @@ template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds)
 {
+    gf_pdl_begin();
     size_t row = blockIdx.x;
     const float4 *xr = (const float4 *)(x + row * n);
     float scale = 1.0f;
@@ -726,6 +867,7 @@ static __device__ float gf_deq(int type, const uint8_t *row, int k)
 
 __global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, const int32_t *tokens, float *x)
 {
+    gf_pdl_begin();
     int t = blockIdx.x;
     const uint8_t *row = w + (size_t)tokens[t] * ldw;
     for (int k = threadIdx.x; k < D; k += blockDim.x)
@@ -813,6 +955,7 @@ static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt,
 /* one warp per (cell t, kv head, K or V) */
 __global__ void gf_store_kernel(gf_store p)
 {
+    gf_pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z;
     gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, *p.pos0 + t, h, isv,
                  (isv ? p.v : p.k) + ((size_t)t * p.kv.K + h) * p.kv.E);
@@ -833,6 +976,7 @@ struct gf_qkv {
 /* block (t, head of H+K+K): q heads, then k, then v */
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
+    gf_pdl_begin();
     __shared__ float hv[1024];
     int t = blockIdx.x, hd = blockIdx.y, E = p.E;
     float *x;
@@ -898,6 +1042,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
  * 2^-14); sel (T, U) expert ids, selw (T, U) */
 __global__ void gf_route_kernel(float *router, int X, int U, int32_t *sel, float *selw)
 {
+    gf_pdl_begin();
     extern __shared__ float pr[];
     int t = blockIdx.x, lane = threadIdx.x;
     float *x = router + (size_t)t * X;
@@ -951,6 +1096,7 @@ __global__ void gf_route_kernel(float *router, int X, int U, int32_t *sel, float
 /* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
 __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, int D, int U)
 {
+    gf_pdl_begin();
     int t = blockIdx.x;
     const float *w = selw + (size_t)t * U;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -964,6 +1110,7 @@ __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, 
 /* x (T, n) = (y + b) + x, either of y and b absent */
 __global__ void gf_add_kernel(float *x, const float *y, const float *b, int n, size_t total)
 {
+    gf_pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         float v = y ? y[i] : b[i % n];
         if (y && b)
@@ -1279,16 +1426,83 @@ const struct kv_mem *gpu_kv_mem(struct gpu_model *g)
 
 #define GF_LAUNCH_CHECK(err, errlen) GPU_TRY(gpuGetLastError(), err, errlen)
 
+static int gf_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* the Q4_K decode kernel for rows of n columns: UL units a lane, S slices
+ * (0 when the rows are too wide for it) */
+static int gf_mvk_shape(int n, int *UL)
+{
+    int U = n / 256 * 4;
+    *UL = U <= GPU_WARP ? 1 : 2;
+    int S = (U + *UL * GPU_WARP - 1) / (*UL * GPU_WARP);
+    return S <= GF_MVK_SMAX ? S : 0;
+}
+
+/* Launches kernel k with programmatic dependent launch where the device has
+ * it (sm_90+; STRATA_GPU_NO_PDL=1 turns it off) and the kernel starts with
+ * gf_pdl_begin; a plain launch elsewhere. */
+static int gf_pdl_ok(void)
+{
+    static int ok = -1;   /* one device per process: decided at the first launch */
+    if (ok < 0) {
+        int dev = 0, major = 0;
+        ok = gpuGetDevice(&dev) == gpuSuccess &&
+             gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, dev) == gpuSuccess && major >= 9 &&
+             !gf_env("STRATA_GPU_NO_PDL");
+    }
+    return ok;
+}
+
+template <typename... P, typename... A>
+static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
+{
+#ifdef GPU_CUDA
+    if (gf_pdl_ok()) {
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+        cfg.attrs = &at, cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, k, (P)args...);   /* an error shows in gpuGetLastError */
+        return;
+    }
+#endif
+    k<<<grid, block, smem, s>>>((P)args...);
+}
+
+template <int UL>
+static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+{
+    int threads = S * GF_MVK_SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = GF_MVK_SUB * (2 / UL);
+    int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
+    if (gpuGetDevice(&dev) != gpuSuccess || gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, dev) != gpuSuccess ||
+        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gf_mvk_kernel<UL>, threads, 0) != gpuSuccess)
+        per_sm = 1, sms = 1;   /* the launch's own error check reports a broken device */
+    int blocks = (sms * per_sm + groups - 1) / groups;
+    dim3 grid(blocks < tiles ? blocks : tiles, groups);
+    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+}
+
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
-    int rows = p.end[p.parts - 1];
-    if (nt == 1) {
+    int rows = p.end[p.parts - 1], UL = 0, S = 0;
+    if (nt == 1 && Q::BYTES == 144 && !gf_env("STRATA_GPU_MV_OLD") && (S = gf_mvk_shape(p.n, &UL)) > 0) {
+        if (UL == 1)
+            gf_mvk_launch<1>(p, groups, S, s);
+        else
+            gf_mvk_launch<2>(p, groups, S, s);
+    } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
-        gf_mv1_kernel<Q><<<grid, GF_MV1_WARPS * GPU_WARP, 0, s>>>(p);
+        gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
-        gf_mv_kernel<Q, GF_NT, 1><<<grid, GF_MV_WARPS * GPU_WARP, 0, s>>>(p);
+        gf_launch(gf_mv_kernel<Q, GF_NT, 1>, grid, GF_MV_WARPS * GPU_WARP, 0, s, p);
     }
 }
 
@@ -1324,11 +1538,11 @@ static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, cons
     int threads = GF_ACT_THREADS;
     dim3 grid(T, (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK);
     if (mode == GF_ACT_NORM)
-        gf_act_kernel<GF_ACT_NORM><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_NORM>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
     else if (mode == GF_ACT_SWIGLU)
-        gf_act_kernel<GF_ACT_SWIGLU><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_SWIGLU>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
     else
-        gf_act_kernel<GF_ACT_PLAIN><<<grid, threads, 0, s>>>(x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_PLAIN>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 }
@@ -1361,7 +1575,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         if (accumulate || o[i].bias) {
             size_t total = (size_t)T * w->rows, blocks = (total + 255) / 256;
-            gf_add_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream>>>(
+            gf_launch(gf_add_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, c->stream,
                 o[i].y, accumulate ? dst : NULL, o[i].bias, w->rows, total);
             GF_LAUNCH_CHECK(err, errlen);
         }
@@ -1478,7 +1692,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     /* the K and V rows go to their cells from the same kernel (gpu_kv_store's encoder) */
     gf_kv_desc(c, &qp.kv);
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    gf_qkv_kernel<<<dim3(T, H + 2 * K), 128, 0, s>>>(qp);
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
@@ -1502,7 +1716,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
     if (gf_matmul(c, &ly->gate_inp, c->xn, T, c->router, X, NULL, 0, err, errlen))
         return -1;
-    gf_route_kernel<<<T, GPU_WARP, (size_t)X * sizeof(float), s>>>(c->router, X, U, c->sel, c->selw);
+    gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
     const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
     float *gu_y[2] = {c->gt, c->up};
@@ -1510,7 +1724,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
         (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen))
         return -1;
-    gf_moe_sum_kernel<<<T, 256, 0, s>>>(c->x, c->eo, c->selw, D, U);
+    gf_launch(gf_moe_sum_kernel, T, 256, 0, s, c->x, c->eo, c->selw, D, U);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_DOWN);
     return 0;
@@ -1523,7 +1737,8 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     const struct gpu_model *g = c->g;
     const struct model_hp *hp = &g->hp;
     int D = hp->n_embd, V = hp->n_vocab;
-    gf_embed_kernel<<<T, 256, 0, c->stream>>>(g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D, c->io, c->x);
+    gf_launch(gf_embed_kernel, T, 256, 0, c->stream, g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D,
+              (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_EMBED);
     for (int il = 0; il < hp->n_layer; il++)
@@ -1565,12 +1780,6 @@ static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
 {
     GPU_TRY(gpuMalloc(p, bytes ? bytes : 16), err, errlen);
     return 0;
-}
-
-static int gf_env(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
 }
 
 int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int max_tokens, char *err,
@@ -1735,7 +1944,7 @@ int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T,
         return strata_errf(err, errlen, "gpu_kv_store: head dim %d does not fit Q4 cells", kv->E);
     gf_store p;
     p.kv = *kv, p.layer = layer, p.krow = kr, p.vrow = vr, p.pos0 = pos0, p.k = k, p.v = v;
-    gf_store_kernel<<<dim3(T, kv->K, 2), 32, 0, (gpuStream_t)stream>>>(p);
+    gf_launch(gf_store_kernel, dim3(T, kv->K, 2), 32, 0, (gpuStream_t)stream, p);
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 }
@@ -1760,8 +1969,8 @@ int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host)
                ? 0 : -1;
 }
 
-int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
-                    char *err, size_t errlen)
+int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
+                    const float *b, float *y, char *err, size_t errlen)
 {
     if (!gf_supported(type))
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet", gguf_type_name(type));
@@ -1769,8 +1978,10 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     memset(&c, 0, sizeof c);
     c.T = T;
     uint8_t *dw = NULL;
-    float *dx = NULL, *dy = NULL;
+    float *dx = NULL, *dy = NULL, *db = NULL, *dxn = NULL;
+    size_t nb = mode == GPU_TEST_NORM ? (size_t)n : (size_t)T * n;
     int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
+             gf_alloc((void **)&db, nb * 4, err, errlen) || gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
              gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
              gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
@@ -1778,14 +1989,15 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
                 gpuMemcpy(dx, x, (size_t)T * n * 4, gpuMemcpyHostToDevice) != gpuSuccess ||
+                (mode != GPU_TEST_PLAIN && gpuMemcpy(db, b, nb * 4, gpuMemcpyHostToDevice) != gpuSuccess) ||
                 gpuMemset(dy, 0xff, (size_t)T * rows * 4) != gpuSuccess))
         rc = strata_errf(err, errlen, "copy to the device failed");
     if (!rc) {
         struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
-        if (!gf_float_type(type))
-            rc = gf_act(c.stream, GF_ACT_PLAIN, dx, NULL, NULL, 0, n, T, NULL, c.aq, c.ads, err, errlen);
-        if (!rc)
-            rc = gf_matmul(&c, &m, dx, T, dy, rows, NULL, 0, err, errlen);
+        int am = mode == GPU_TEST_NORM ? GF_ACT_NORM : mode == GPU_TEST_SWIGLU ? GF_ACT_SWIGLU : GF_ACT_PLAIN;
+        rc = gf_act(c.stream, am, dx, mode == GPU_TEST_SWIGLU ? db : NULL, mode == GPU_TEST_NORM ? db : NULL, 1e-6f, n,
+                    T, dxn, c.aq, c.ads, err, errlen) ||
+             gf_matmul(&c, &m, dxn, T, dy, rows, NULL, 0, err, errlen);
         gpuError_t e = gpuStreamSynchronize(c.stream);
         if (!rc && e != gpuSuccess)
             rc = strata_errf(err, errlen, "matvec: %s", gpuGetErrorString(e));
@@ -1795,6 +2007,7 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     if (c.stream)
         gpuStreamDestroy(c.stream);
     gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
+    gpu_test_free(db), gpu_test_free(dxn);
     return rc;
 }
 
@@ -1806,6 +2019,73 @@ __global__ void gf_spin_kernel(long long cycles)
     while (clock64() - t0 < cycles) {
     }
 }
+
+__global__ void gf_fill_kernel(uint32_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = h & 0x3bff3bffu;   /* halves stay finite f16 (scales below 1) */
+    }
+}
+
+double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t errlen)
+{
+    if (!gf_supported(type) || gf_float_type(type))
+        return strata_errf(err, errlen, "mv bench: type %s not timed", gguf_type_name(type));
+    enum { BATCHES = 5 };
+    size_t ldw = quant_row_bytes(type, n), bytes = gf_align(ldw * rows);
+    int copies = (int)((512u << 20) / bytes) + 1;   /* rotate through more than L2 holds */
+    copies = copies < 2 ? 2 : copies;
+    struct gpu_ctx c;
+    memset(&c, 0, sizeof c);
+    uint8_t *dw = NULL;
+    float *dx = NULL, *dy = NULL;
+    gpuEvent_t ev[2] = {NULL, NULL};
+    double ms[BATCHES], med = -1;
+    int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) || gf_alloc((void **)&dx, (size_t)n * 4, err, errlen) ||
+             gf_alloc((void **)&dy, (size_t)rows * 4, err, errlen) || gf_alloc((void **)&c.aq, (size_t)n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+             gpuStreamCreate(&c.stream) != gpuSuccess || gpuEventCreate(&ev[0]) != gpuSuccess ||
+             gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
+    if (!rc) {
+        gf_fill_kernel<<<1024, 256, 0, c.stream>>>((uint32_t *)dw, bytes * copies / 4, 7u);
+        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, (size_t)n, 9u);
+    }
+    /* back to back as in a decode step: each batch's calls queue behind a
+     * spin, and the events time the whole batch */
+    for (int k = -1, i = 0; k < BATCHES && !rc; k++) {
+        gf_spin_kernel<<<1, 1, 0, c.stream>>>(20000000LL);
+        rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
+        for (int j = 0; j < reps && !rc; j++, i++) {
+            struct gf_mat m = {dw + bytes * (size_t)(i % copies), type, n, rows, ldw, ldw * rows};
+            rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, 1, NULL, c.aq, c.ads, err, errlen) ||
+                 gf_matmul(&c, &m, dx, 1, dy, rows, NULL, 0, err, errlen);
+        }
+        float t = 0;
+        if (rc || gpuEventRecord(ev[1], c.stream) != gpuSuccess || gpuEventSynchronize(ev[1]) != gpuSuccess ||
+            gpuEventElapsedTime(&t, ev[0], ev[1]) != gpuSuccess)
+            rc = strata_errf(err, errlen, "mv bench: a timed batch failed");
+        else if (k >= 0)
+            ms[k] = t / reps;
+    }
+    if (!rc) {
+        for (int i = 1; i < BATCHES; i++)   /* insertion sort of five */
+            for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+                double t = ms[j];
+                ms[j] = ms[j - 1], ms[j - 1] = t;
+            }
+        med = 1000 * ms[BATCHES / 2];
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            gpuEventDestroy(ev[i]);
+    if (c.stream)
+        gpuStreamDestroy(c.stream);
+    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
+    return med;
+}
+
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *out, size_t cap, char *err,
                      size_t errlen)

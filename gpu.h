@@ -119,12 +119,20 @@ double gpu_gemm_test_ms(int type, const void *w, size_t ldw, int n, int rows, co
 void *gpu_test_alloc(size_t bytes);
 void gpu_test_free(void *p);
 int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host);
-/* y (T, rows) = rows of w (host: `type` blocks, ldw bytes each) · x (T, n),
+/* y (T, rows) = rows of w (host: `type` blocks, ldw bytes each) · a (T, n),
  * through the forward pass's matrix-vector kernels (T == 1: the decode
- * kernel; more: the batched one), the activations quantised on the device as
- * the pass quantises them. Host buffers. */
-int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
-                    char *err, size_t errlen);
+ * kernel; more: the batched one), the activations formed and quantised on
+ * the device as the pass does: a = x (PLAIN), RMSNorm(x, eps 1e-6)·b with b
+ * n weights (NORM), silu(x)·b with b (T, n) (SWIGLU). Host buffers. */
+enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU };
+int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
+                    const float *b, float *y, char *err, size_t errlen);
+/* Microseconds per decode (T = 1) matrix-vector product of `rows` rows of n
+ * columns of a quantised type (hashed bytes), as the pass runs it (the
+ * activation quantised too): the median of 5 batches of reps calls queued
+ * back to back, the weights rotated through copies larger than L2 (< 0:
+ * error). */
+double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t errlen);
 /* One decode step of token at cell pos (the sequence's last) run without the
  * graph after a pause that lets every launch queue up, with an event after
  * each stage: out gets "step N us: stage us ..." summed over the layers. */

@@ -56,6 +56,12 @@ static inline void gpu_hip_drop(hipError_t e) { (void)e; }
 #define gpuGraphExecDestroy(g) gpu_hip_drop(hipGraphExecDestroy(g))
 #define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define gpuGetDevice hipGetDevice
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, t, sm) \
+    hipOccupancyMaxActiveBlocksPerMultiprocessor(n, (const void *)(f), t, sm)
 #ifdef __AMDGCN_WAVEFRONT_SIZE
 #define GPU_WARP __AMDGCN_WAVEFRONT_SIZE
 #else
@@ -108,6 +114,11 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuGraphExecDestroy cudaGraphExecDestroy
 #define gpuFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define gpuGetDevice cudaGetDevice
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define GPU_WARP 32
 #define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, v, m)
 #define gpu_shfl(v, l) __shfl_sync(0xffffffffu, v, l)

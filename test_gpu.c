@@ -7,7 +7,8 @@
  * is skipped. STRATA_GPU_BENCH=1 adds a timing of the Qwen3-8B shape at Q4_K
  * (synthesised into /tmp, 4.8 GB): pp512, tg128 (graph / no graph, f16 /
  * int8 KV) and a per-stage profile of one decode step; STRATA_GPU_BENCH=moe
- * also the Qwen3-30B-A3B shape cut to 12 of its 48 layers.
+ * also the Qwen3-30B-A3B shape cut to 12 of its 48 layers;
+ * STRATA_GPU_BENCH=mv times the decode matrix-vector kernels alone.
  */
 #include "strata.h"
 #include "test.h"
@@ -24,22 +25,19 @@
 /* ---- matrix-vector kernels ---- */
 
 /* Each output against the FP64 dot of the dequantised weights with the f32
- * activation. The GPU quantises the activation per 32 values with d =
+ * activation (x, or RMSNorm(x)·g or silu(x)·u as the pass forms them). The GPU quantises the activation per 32 values with d =
  * amax/127 stored as f16, so an element moves by at most d/2 + 127·d·2^-11
  * < 0.57·amax/127; the bound is that times Σ|w| per block, plus 1e-5·Σ|w·x|
  * for f32 summation. quant.c's dot (its own activation type: Q8_K blocks of
  * 256 for K-quants, Q8_0/Q8_1 otherwise) is held to the sum of both bounds. */
-static void tg_matvec_type(int type)
+static void tg_matvec_type(int type, int N)
 {
     const struct quant_type *qt = quant_type(type);
     char name[96];
-    snprintf(name, sizeof name, "gpu/matvec %s vs FP64 and quant.c (bound: activation rounding)", qt->name);
+    snprintf(name, sizeof name, "gpu/matvec %s n=%d vs FP64 and quant.c (bound: activation rounding)", qt->name, N);
     if (!test_begin_gpu(name))
         return;
-    /* rows of several chunks of the decode kernel; 161 blocks of 32 make
-     * rows that start off 16-byte boundaries */
-    enum { ROWS = 67, TMAX = 11, NMAX = 5152 };
-    int N = qt->blck == 256 ? 5120 : NMAX;
+    enum { ROWS = 67, TMAX = 11, NMAX = 12288 };
     unsigned seed = 1234u + (unsigned)type;
     size_t ldw = quant_row_bytes(type, N);
     uint8_t *w = malloc(ldw * ROWS);
@@ -57,16 +55,37 @@ static void tg_matvec_type(int type)
     for (int t = 0; t < TMAX; t++)
         for (int i = 0; i < N; i++) /* blocks of different magnitudes, one all zero */
             x[(size_t)t * N + i] = (i / 32) % 7 == 3 ? 0.0f : test_randf(&seed) * (0.1f + (float)((i / 32) % 5));
-    int Ts[2] = {1, TMAX};
-    for (int k = 0; k < 2; k++) {
-        int T = Ts[k];
+    /* the activation as the pass forms it: x, RMSNorm(x)·g, silu(x)·u */
+    float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N * TMAX), *act = malloc(sizeof(float) * N * TMAX);
+    for (int i = 0; i < N; i++)
+        g[i] = 0.5f + test_randf(&seed) * 0.5f;
+    for (int i = 0; i < N * TMAX; i++)
+        u[i] = test_randf(&seed);
+    static const struct { int T, mode; const char *what; } runs[] = {
+        {1, GPU_TEST_PLAIN, "x"}, {TMAX, GPU_TEST_PLAIN, "x"}, {1, GPU_TEST_NORM, "norm"}, {1, GPU_TEST_SWIGLU, "swiglu"}};
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        int T = runs[k].T, mode = runs[k].mode;
         char err[256];
-        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, y, err, sizeof err) == 0, "%s", err))
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * N;
+            double ss = 0;
+            for (int i = 0; i < N; i++)
+                ss += (double)xt[i] * xt[i];
+            float scale = 1.0f / sqrtf((float)(ss / N) + 1e-6f);
+            for (int i = 0; i < N; i++) {
+                float v = xt[i];
+                act[(size_t)t * N + i] = mode == GPU_TEST_NORM     ? v * scale * g[i]
+                                         : mode == GPU_TEST_SWIGLU ? v / (1.0f + expf(-v)) * u[(size_t)t * N + i]
+                                                                   : v;
+            }
+        }
+        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, mode, mode == GPU_TEST_NORM ? g : u, y, err,
+                                   sizeof err) == 0, "%s", err))
             break;
         double worst = 0, worst_cpu = 0, rms = 0;
         int bad = 0, nonfinite = 0;
         for (int t = 0; t < T; t++) {
-            const float *xt = x + (size_t)t * N;
+            const float *xt = act + (size_t)t * N;
             at->from_f32(xt, aq, N);
             for (int r = 0; r < ROWS; r++) {
                 const float *wr = wf + (size_t)r * N;
@@ -102,13 +121,14 @@ static void tg_matvec_type(int type)
                 bad += e > bound || fabs(g - cpu) > bound + bound_cpu;
             }
         }
-        printf("  %-5s T=%-2d max err/bound vs FP64 %.3f, vs quant.c %.3f; RMS err/sum|wx| %.2e\n", qt->name, T,
-               worst, worst_cpu, sqrt(rms / (T * ROWS)));
-        CHECK(nonfinite == 0, "%s T=%d: %d outputs not finite (unwritten rows stay NaN)", qt->name, T, nonfinite);
-        CHECK(bad == 0, "%s T=%d: %d outputs past the bound (worst %.3f of it)", qt->name, T, bad,
+        printf("  %-5s n=%-5d T=%-2d %-6s max err/bound vs FP64 %.3f, vs quant.c %.3f; RMS err/sum|wx| %.2e\n",
+               qt->name, N, T, runs[k].what, worst, worst_cpu, sqrt(rms / (T * ROWS)));
+        CHECK(nonfinite == 0, "%s T=%d %s: %d outputs not finite (unwritten rows stay NaN)", qt->name, T,
+              runs[k].what, nonfinite);
+        CHECK(bad == 0, "%s T=%d %s: %d outputs past the bound (worst %.3f of it)", qt->name, T, runs[k].what, bad,
               fmax(worst, worst_cpu));
     }
-    free(w), free(wf), free(x), free(y), free(aq);
+    free(w), free(wf), free(x), free(y), free(aq), free(g), free(u), free(act);
 }
 
 /* ---- gpu_kv_store against kv_store ---- */
@@ -514,6 +534,35 @@ done:
     return med > 0 ? 128 / med : -1;
 }
 
+/* STRATA_GPU_BENCH=mv: the decode matrix-vector kernels alone on the
+ * Qwen3-8B shapes (gate+up as one matrix of 2 x 12288 rows, down, Q+K+V,
+ * wo, the head) and Qwen3-30B-A3B's expert and attention shapes, the
+ * current kernel against STRATA_GPU_MV_OLD=1. */
+static void tg_bench_mv(void)
+{
+    static const struct { const char *what; int n, rows; } sh[] = {
+        {"8b gate+up", 4096, 24576}, {"8b down", 12288, 4096}, {"8b qkv", 4096, 6144},
+        {"8b wo", 4096, 4096}, {"8b head", 4096, 151936}, {"30b q", 2048, 4096}, {"30b expert gate", 2048, 768},
+        {"30b expert down", 768, 2048}};
+    if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K)"))
+        return;
+    static const int types[] = {QT_Q4_K};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
+            char err[256];
+            double bytes = (double)quant_row_bytes(types[t], sh[i].n) * sh[i].rows, us[2];
+            for (int old = 0; old < 2; old++) {
+                setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
+                us[old] = gpu_test_mv_us(types[t], sh[i].n, sh[i].rows, 20, err, sizeof err);
+                CHECK(us[old] > 0, "%s", err);
+            }
+            printf("  %-5s %-16s %5d x %6d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n",
+                   quant_type(types[t])->name, sh[i].what, sh[i].n, sh[i].rows, bytes / 1e6, us[1],
+                   bytes / us[1] / 1e6, us[0], bytes / us[0] / 1e6);
+        }
+    unsetenv("STRATA_GPU_MV_OLD");
+}
+
 /* set: extra synth arguments ("--set", "n_layer=12") or NULL */
 static void tg_bench_one(const char *shape, const char *type, const char *set)
 {
@@ -590,15 +639,26 @@ void test_gpu(void)
 {
     static const int types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
                                 QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        tg_matvec_type(types[i]);
+    /* rows of several chunks of the decode kernels (161 blocks of 32 start
+     * rows off 16-byte boundaries); K-quants also at the widths that take
+     * one, two and three column slices of the Q4_K kernel */
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        int k = quant_type(types[i])->blck == 256;
+        tg_matvec_type(types[i], k ? 5120 : 5152);
+        if (k) {
+            tg_matvec_type(types[i], 2048);
+            tg_matvec_type(types[i], 12288);
+        }
+    }
     tg_kv_store();
     tg_demo();
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
     const char *bench = getenv("STRATA_GPU_BENCH");
-    if (bench && *bench && strcmp(bench, "0") != 0) {
+    if (bench && strcmp(bench, "mv") == 0)
+        tg_bench_mv();
+    else if (bench && *bench && strcmp(bench, "0") != 0) {
         tg_bench_one("qwen3-8b", "Q4_K", NULL);
         if (strcmp(bench, "moe") == 0) /* 12 of the 48 layers: the full file (17 GB) takes minutes to write */
             tg_bench_one("qwen3-30b-a3b", "Q4_K", "n_layer=12");

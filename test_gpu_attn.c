@@ -432,70 +432,135 @@ static void case_qsa_split_env(void)
     test_attn_free(&d);
 }
 
-/* ---- timings (events): prompt at 4096 cells x 512 queries, decode at 4K and 32K ---- */
+/* ---- timings (events) ---- */
+
+/* One timed call: the layer advances each call (the decode of a model walks
+ * its layers, so a layer's KV is not in L2 from the call before). */
+struct bench_arg {
+    struct dcall *dc;
+    int L, next;
+};
 
 static int bench_call(void *arg)
 {
-    struct dcall *c = arg;
+    struct bench_arg *b = arg;
     char err[256];
-    int path = c->a.T == 1 ? PATH_DECODE : PATH_PROMPT;
-    return dcall_run(c, path, err, sizeof err);
+    int path = b->dc->a.T == 1 ? PATH_DECODE : PATH_PROMPT;
+    b->dc->a.layer = b->next;
+    b->next = (b->next + 1) % b->L;
+    return dcall_run(b->dc, path, err, sizeof err);
 }
 
+/* The decode configurations the benchmark compares (attn_cuda.cu's
+ * STRATA_ATTN_DEC: ring stages, blocks per SM (0: one wave), partitions
+ * sized on the device, merge as a programmatic dependent launch, merge
+ * carveout, page ids in registers, int8 runs in 16-byte pieces); the first
+ * is the default, which the cases above test, and every other must give
+ * its output to 1e-5. */
+static const char *const bench_dec[] = {"0,0,1,1,0,0,0", "0,8,0,0,0,0,0", "0,0,1,0,0,0,0", "3,0,1,1,0,0,0",
+                                        "0,0,1,1,0,1,0", "0,0,1,1,1,0,0", "0,0,1,1,0,0,1", "0,0,1,1,1,1,1"};
+
+/* Prompt at 4096 cells x 512 queries; decode T = 1 at 512 cells (in a
+ * cache of 512 and of 32,768), 4K and 32K: one layer of the Qwen3-8B shape
+ * (32 query heads, 8 kv heads, E 128), each call a layer of a cache of L
+ * layers (L·layer >= 200 MB, at most 36), calls replayed in a graph as the
+ * decode step is (gpu_attn_test_time). */
 static void case_bench(void)
 {
     if (!test_begin_gpu("gpu/attn/bench"))
         return;
-    /* one layer of the Qwen3-8B shape: 32 query heads, 8 kv heads, E 128 */
     enum { E = 128, K = 8, H = 32 };
     const int cells[3] = {KV_CELL_F16, KV_CELL_INT8, KV_CELL_Q4};
+    static const int live[5] = {4096, 512, 512, 4096, 32768}, cap[5] = {4096, 512, 32768, 4096, 32768};
     unsigned st = 9;
-    size_t rows = 4096 * (size_t)K * E;
-    float *kvd = malloc(rows * sizeof(float)), *q = malloc((size_t)512 * H * E * sizeof(float));
+    size_t rows = 4096 * (size_t)K * E, HE = (size_t)H * E;
+    float *kvd = malloc(rows * sizeof(float)), *q = malloc((size_t)512 * HE * sizeof(float));
+    float *ref = malloc(HE * sizeof(float)), *got = malloc(HE * sizeof(float));
     for (size_t i = 0; i < rows; i++)
         kvd[i] = test_randf(&st);
-    for (size_t i = 0; i < (size_t)512 * H * E; i++)
+    for (size_t i = 0; i < (size_t)512 * HE; i++)
         q[i] = test_randf(&st);
-    char err[256];
+    const char *keep = getenv("STRATA_ATTN_DEC");
+    char saved[64] = "", err[256];
+    if (keep)
+        snprintf(saved, sizeof saved, "%s", keep);
+    setenv("STRATA_ATTN_DEC_LOG", "1", 1);
     for (int f = 0; f < 3; f++)
-        for (int kind = 0; kind < 3; kind++) {
-            int C = kind == 2 ? 32768 : 4096, T = kind ? 1 : 512;
-            struct kv_config cfg = {1, K, E, cells[f], 0, 1, C, 0, NULL};
+        for (int kind = 0; kind < 5; kind++) {
+            int C = live[kind], T = kind ? 1 : 512, L = 1;
+            struct kv_config one = {1, K, E, cells[f], 0, 1, cap[kind], 0, NULL};
+            double layer_mb = (double)kv_cell_bytes(&one) * C / 1e6;
+            while (kind && L < 36 && L * layer_mb < 200)
+                L++;
+            /* pages for the live cells alone (a cache of 32K cells x 36 layers would be 4.8 GB) */
+            int mib = (int)(L * layer_mb * 1.05 / 1.048576) + 2;
+            struct kv_config cfg = {L, K, E, cells[f], 0, 1, cap[kind], mib, NULL};
             struct kv *kv;
             if (!CHECK(kv_new(&kv, &cfg, err, sizeof err) == 0, "%s", err))
                 continue;
             int s = kv_seq_new(kv, err, sizeof err);
             for (int c0 = 0; c0 < C; c0 += 4096) {
-                kv_append(kv, s, NULL, 4096, err, sizeof err);
-                kv_store(kv, s, 0, c0, 4096, kvd, kvd, err, sizeof err);
+                int n = C - c0 < 4096 ? C - c0 : 4096;
+                kv_append(kv, s, NULL, n, err, sizeof err);
+                for (int l = 0; l < L; l++)
+                    kv_store(kv, s, l, c0, n, kvd, kvd, err, sizeof err);
             }
             struct dkv dk;
             struct dcall dc;
-            if (dkv_make(&dk, kv, s) == 0 && dcall_make(&dc, &dk, H, T, C - T, C, q, NULL, NULL) == 0) {
-                dc.a.layer = 0;
-                double ms = gpu_attn_test_time(bench_call, &dc, kind ? 200 : 20);
-                struct kv_stats ks;
-                kv_stats(kv, &ks);
-                if (kind) {
-                    /* every K and V byte of the C cells, read once */
-                    double gb = (double)ks.cell_bytes * C / 1e9;
-                    printf("     %-5s decode  T 1   at %5d cells: %8.1f us  %5.2f TB/s of KV (%5.1f MB)  [%s]\n",
-                           kv_cell_name(cells[f]), C, ms * 1e3, gb / (ms * 1e-3) / 1e3, gb * 1e3,
-                           gpu_attn_kernel_name(&dc.a, 1, 0));
-                } else {
+            if (dkv_make(&dk, kv, s) == 0 && dcall_make(&dc, &dk, H, T, C - T, cap[kind], q, NULL, NULL) == 0) {
+                struct bench_arg ba = {&dc, L, 0};
+                if (!kind) {
+                    double ms = gpu_attn_test_time(bench_call, &ba, 20);
                     /* K·Q and P·V over the visible cells: 4·E flops per (query head, cell) */
                     double fl = 4.0 * E * H * ((double)T * (C - T) + (double)T * (T + 1) / 2);
                     printf("     %-5s prompt  T 512 at %5d cells: %8.4f ms  %6.1f TFLOP/s  [%s]\n",
                            kv_cell_name(cells[f]), C, ms, fl / (ms * 1e-3) / 1e12, gpu_attn_kernel_name(&dc.a, 0, 0));
+                    CHECK(ms > 0, "timing failed");
                 }
-                CHECK(ms > 0, "timing failed");
+                int nv = kind && cells[f] != KV_CELL_Q4 ? (int)(sizeof bench_dec / sizeof *bench_dec) : 1;
+                for (int v = 0; kind && v < nv; v++) {
+                    setenv("STRATA_ATTN_DEC", bench_dec[v], 1);
+                    dc.a.layer = 0;
+                    if (!dcall_get(&dc, PATH_DECODE, v ? got : ref))
+                        break;
+                    double dmax = 0;
+                    for (size_t i = 0; v && i < HE; i++) {
+                        double x = fabs((double)got[i] - ref[i]);
+                        dmax = x > dmax || x != x ? x : dmax;
+                    }
+                    CHECK(dmax <= 1e-5, "STRATA_ATTN_DEC=%s: %.2e from the default's output", bench_dec[v], dmax);
+                    ba.next = 0;
+                    double ms = gpu_attn_test_time(bench_call, &ba, 100);
+                    /* every K and V byte of the C cells of one layer, read once */
+                    double gb = layer_mb / 1e3;
+                    printf("     %-5s decode  T 1   at %5d of %5d cells (%2d layers): %7.2f us  %5.2f TB/s of KV "
+                           "(%5.1f MB)  dec %s  vs default %.0e  [%s]\n",
+                           kv_cell_name(cells[f]), C, cap[kind], L, ms * 1e3, gb / (ms * 1e-3) / 1e3, gb * 1e3,
+                           bench_dec[v], dmax, gpu_attn_kernel_name(&dc.a, 1, 0));
+                    CHECK(ms > 0, "timing failed");
+                    if (!v) {
+                        /* the same calls launched one by one (the previous runs' timing) */
+                        setenv("STRATA_ATTN_BENCH_STREAM", "1", 1);
+                        ms = gpu_attn_test_time(bench_call, &ba, 100);
+                        unsetenv("STRATA_ATTN_BENCH_STREAM");
+                        printf("     %-5s decode  T 1   at %5d of %5d cells: %7.2f us launched one by one\n",
+                               kv_cell_name(cells[f]), C, cap[kind], ms * 1e3);
+                    }
+                }
                 dcall_free(&dc);
             }
             dkv_free(&dk);
             kv_free(kv);
         }
+    unsetenv("STRATA_ATTN_DEC_LOG");
+    if (keep)
+        setenv("STRATA_ATTN_DEC", saved, 1);
+    else
+        unsetenv("STRATA_ATTN_DEC");
     free(kvd);
     free(q);
+    free(ref);
+    free(got);
 }
 
 void test_gpu_attn(void)
@@ -506,7 +571,8 @@ void test_gpu_attn(void)
      * up to 256 queries; the test models' 64 (GQA 2:1, 4:1); the Qwen3-8B
      * shape (GQA 4:1, 8 kv heads) decoding one token, and a 4-query window
      * of it (16 causal rows, the most ak_dec takes); 96, which only the
-     * simt kernel takes; pages of 16..128 cells */
+     * simt kernel takes; pages of 16..128 cells, the Qwen3-8B shape's T = 1
+     * decode with pages of 16 and 128 too */
     static const struct gcfg fast[] = {
         {128, 8, 1, 1500, 256, 4, 64, 512, 64, 1},
         {256, 12, 1, 2100, 64, 2, 64, 512, 64, 1},
@@ -517,6 +583,8 @@ void test_gpu_attn(void)
         {128, 4, 8, 3000, 2, 1, 64, 512, 32, 1},
         {128, 4, 2, 2600, 8, 4, 64, 256, 32, 1},
         {96, 4, 2, 500, 20, 2, 64, 100, 8, 1},
+        {128, 4, 8, 1000, 2, 1, 16, 256, 32, 1},
+        {128, 4, 2, 700, 3, 1, 128, 256, 32, 1},
     };
     for (size_t i = 0; i < sizeof fast / sizeof *fast; i++)
         run_config(&fast[i], 21 + (unsigned)i);
