@@ -66,8 +66,9 @@ int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
 /* attn_cuda.cu, for test_gpu_attn.c (device memory: gpu_test_alloc below):
  * a device synchronisation (0 or -1), and ms per call of fn(arg) over reps
- * calls on the default stream after one warm-up call, by events (< 0 on
- * failure). */
+ * calls after one warm-up call, by events (< 0 on failure): the calls are
+ * captured into a graph and replayed, as in a decode step (CUDA; on the
+ * stream itself with STRATA_ATTN_BENCH_STREAM=1 and under HIP). */
 int gpu_attn_test_sync(void);
 double gpu_attn_test_time(int (*fn)(void *), void *arg, int reps);
 

@@ -2038,7 +2038,7 @@ static const char serve_usage[] =
     "  --parallel N        slots: requests generated at once (default 4)\n"
     "  --device D          auto (default: the GPU when the build has one and finds a\n"
     "                      device), cpu, or gpu (cuda, hip)\n"
-    "  --prefill-chunk N   prompt tokens per forward chunk (default 512)\n"
+    "  --prefill-chunk N   prompt tokens per forward chunk (default 512; 2048 on a GPU)\n"
     "  --host H            address to listen on (default 127.0.0.1)\n"
     "  --port P            port (default 8080; 0: any free port, printed at start-up)\n"
     "  --api-key KEY       require Authorization: Bearer KEY\n"

@@ -630,7 +630,6 @@ struct model_opts model_opts_default(void)
     struct model_opts o = {0};
     o.kv_cell = KV_CELL_F16;
     o.n_seq = 1;
-    o.prefill_chunk = MODEL_CHUNK;
     o.device = MODEL_DEV_AUTO;
     return o;
 }
@@ -724,7 +723,9 @@ int model_ctx_new(struct model_ctx **out, struct model *m, const struct model_op
         kc.mem = gpu_kv_mem(c->m->gpu);
     if (kv_new(&c->kv, &kc, err, errlen) != 0 || kv_seq_new(c->kv, err, errlen) != 0)
         goto fail;
-    int n_ctx = kv_cfg(c->kv)->n_ctx, chunk = o->prefill_chunk > 0 ? o->prefill_chunk : MODEL_CHUNK;
+    int n_ctx = kv_cfg(c->kv)->n_ctx, chunk = o->prefill_chunk > 0             ? o->prefill_chunk
+                                              : c->device == MODEL_DEV_GPU ? MODEL_CHUNK_GPU
+                                                                           : MODEL_CHUNK;
     c->t_max = n_ctx < chunk ? n_ctx : chunk;
     if (c->device == MODEL_DEV_GPU ? gpu_ctx_new(&c->gpu, m->gpu, c->kv, c->t_max, err, errlen)
                                    : ctx_buffers(c, err, errlen))
@@ -749,6 +750,7 @@ void model_ctx_free(struct model_ctx *c)
 }
 
 int model_ctx_device(const struct model_ctx *c) { return c->device; }
+int model_ctx_chunk(const struct model_ctx *c) { return c->t_max; }
 struct kv *model_kv(struct model_ctx *c) { return c->kv; }
 int model_last_reused(const struct model_ctx *c) { return c->reused; }
 

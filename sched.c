@@ -552,15 +552,14 @@ int sched_new(struct sched **out, struct model *m, const struct sched_opts *o, c
     mo.kv_mem_mib = o->kv_mem_mib;
     mo.n_seq = o->n_slots;
     mo.device = o->device;
-    if (o->prefill_chunk > 0)
-        mo.prefill_chunk = o->prefill_chunk;
+    mo.prefill_chunk = o->prefill_chunk;
     if (model_ctx_new(&s->ctx, m, &mo, s->pool, err, errlen) != 0)
         goto fail;
     s->kv = model_kv(s->ctx);
     kv_seq_free(s->kv, 0); /* model_ctx_new's sequence: each job makes its own */
     s->n_ctx = kv_cfg(s->kv)->n_ctx;
     s->P = kv_cfg(s->kv)->page_cells;
-    s->chunk = mo.prefill_chunk;
+    s->chunk = model_ctx_chunk(s->ctx);
     kv_stats(s->kv, &s->kvs);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         strata_errf(err, errlen, "cannot start the scheduler thread");

@@ -49,7 +49,7 @@ static const char usage[] =
     "  --kv F           KV cache cells: f16 (default), f32, int8 (one scale per\n"
     "                   row), q4 (Q4_0 blocks of 32), k8v4 (int8 K, Q4_0 V)\n"
     "  --kv-mem MIB     size the KV pool in MiB instead of by -c\n"
-    "  --prefill-chunk N  prompt tokens per forward chunk (default 512)\n"
+    "  --prefill-chunk N  prompt tokens per forward chunk (default 512; 2048 on a GPU)\n"
     "  --device D       auto (default: the GPU when there is one), cpu, gpu (cuda, hip)\n"
     "  --float          generate/perplexity/bench: compute the float function (weights\n"
     "                   dequantised, activations F32; slower): with --kv f32 it is the\n"
@@ -361,7 +361,7 @@ static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct poo
     mo.n_ctx = n_ctx;
     mo.kv_cell = o->kv;
     mo.kv_mem_mib = o->kv_mem;
-    mo.prefill_chunk = o->chunk ? o->chunk : MODEL_CHUNK;
+    mo.prefill_chunk = o->chunk;
     mo.device = o->device;
     mo.attn_split = o->split;
     mo.f32ref = o->f32ref;

@@ -337,6 +337,7 @@ struct kv;
 enum model_device { MODEL_DEV_AUTO, MODEL_DEV_CPU, MODEL_DEV_GPU };
 
 #define MODEL_CHUNK 512      /* default prompt tokens per forward chunk (--prefill-chunk) */
+#define MODEL_CHUNK_GPU 2048 /* the same on a GPU: its matrix units want wide tiles (BENCH.md) */
 
 /* What a context is made of; model_opts_default() fills it. */
 struct model_opts {
@@ -344,7 +345,7 @@ struct model_opts {
     int kv_cell;         /* enum kv_cell */
     int kv_mem_mib;      /* > 0: a pool of this many MiB; 0: n_seq sequences of n_ctx cells */
     int n_seq;           /* sequence slots; sequence 0 exists from model_ctx_new */
-    int prefill_chunk;   /* prompt tokens per forward chunk */
+    int prefill_chunk;   /* prompt tokens per forward chunk; 0: the device's default */
     int device;          /* enum model_device: AUTO is the GPU when one is usable */
     int attn_split;      /* CPU decode attention: KV partitions (0: attn_split's choice) */
     int f32ref;          /* float-reference mode (CPU only): weights dequantised to F32 on
@@ -364,8 +365,8 @@ const struct tok *model_tok(const struct model *m);
 const struct gguf *model_gguf(const struct model *m);
 size_t model_weight_bytes(const struct model *m);        /* all tensors' bytes */
 size_t model_decode_bytes(const struct model *m);        /* bytes one decode step reads */
-/* n_ctx 0, F16 cells, one sequence, MODEL_CHUNK, MODEL_DEV_AUTO, the
- * automatic split, f32ref off. */
+/* n_ctx 0, F16 cells, one sequence, the device's chunk, MODEL_DEV_AUTO,
+ * the automatic split, f32ref off. */
 struct model_opts model_opts_default(void);
 /* "auto", "cpu", "gpu" ("cuda" and "hip" too) → enum model_device; -1 if unknown. */
 int model_device_parse(const char *name);
@@ -379,6 +380,7 @@ int model_ctx_new(struct model_ctx **c, struct model *m, const struct model_opts
                   struct pool *pool, char *err, size_t errlen);
 void model_ctx_free(struct model_ctx *c);
 int model_ctx_device(const struct model_ctx *c);   /* MODEL_DEV_CPU or MODEL_DEV_GPU */
+int model_ctx_chunk(const struct model_ctx *c);    /* prompt tokens per forward chunk */
 /* The context's pool of sequences: kv_seq_new/fork/free/len and kv_stats
  * on it make and inspect the sequences that model_eval takes. */
 struct kv *model_kv(struct model_ctx *c);
@@ -526,7 +528,7 @@ struct sched_opts {
     int kv_mem_mib;              /* > 0: a pool of this many MiB shared by the slots (--kv-mem);
                                     0: n_slots sequences of n_ctx cells */
     int n_threads;
-    int prefill_chunk;           /* prompt tokens per step when no slot decodes; 0: MODEL_CHUNK */
+    int prefill_chunk;           /* prompt tokens per step when no slot decodes; 0: the device's */
     int device;                  /* enum model_device */
 };
 
