@@ -8,7 +8,9 @@
  * memory (gpu_kv_mem); the decode step captured once per context as a graph.
  * Prompt matrix products go to gpu_gemm.cu where it takes the type, else to
  * the matrix-vector kernels over batches of tokens (STRATA_GPU_NO_GEMM=1
- * forces that); STRATA_GPU_NO_GRAPH=1 runs decode without the graph.
+ * forces that); STRATA_GPU_NO_GRAPH=1 runs decode without the graph,
+ * STRATA_GPU_NO_PDL=1 without programmatic dependent launch, and
+ * STRATA_GPU_MV_OLD=1 with the staged decode kernel for Q4_K too (A/B).
  * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
  * launchers. It must not touch kv.c's tables (only the page bytes) and never
  * prints.
@@ -609,12 +611,11 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
  * loads are issued before this round's arithmetic. The first round's loads
  * go out before the kernel waits for the one ahead (weights are no kernel's
  * output), so they overlap its tail and the activation work. Rows wider
- * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each; a
+ * than 32·UL units are cut into S column slices of SUB warps each; a
  * round's partial sums meet in shared memory and are added in slice order
  * (deterministic). The grid is sized to the resident blocks and walks the
  * row tiles. (Quantising the activation in each block instead of in
  * gf_act_kernel before it was tried: slower on the H200, BENCH.md.) */
-#define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
 /* the R rows from r0 (the last row past the end) at units ub of each */
@@ -637,13 +638,13 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, size_t eoff,
     }
 }
 
-template <int UL>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
+template <int UL, int SUB>
+__global__ void __launch_bounds__(GF_MVK_SMAX * 4 * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
-    enum { R = 2 / UL, RT = GF_MVK_SUB * R };
+    enum { R = 2 / UL, RT = SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
-    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int slice = warp / SUB, sub = warp % SUB, S = blockDim.x / (SUB * GPU_WARP);
     int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
@@ -1445,6 +1446,7 @@ static int gf_mvk_shape(int n, int *UL)
 /* Launches kernel k with programmatic dependent launch where the device has
  * it (sm_90+; STRATA_GPU_NO_PDL=1 turns it off) and the kernel starts with
  * gf_pdl_begin; a plain launch elsewhere. */
+#ifdef GPU_CUDA
 static int gf_pdl_ok(void)
 {
     static int ok = -1;   /* one device per process: decided at the first launch */
@@ -1456,6 +1458,7 @@ static int gf_pdl_ok(void)
     }
     return ok;
 }
+#endif
 
 template <typename... P, typename... A>
 static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
@@ -1475,17 +1478,18 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
     k<<<grid, block, smem, s>>>((P)args...);
 }
 
-template <int UL>
+template <int UL, int SUB>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = GF_MVK_SUB * (2 / UL);
+    int threads = S * SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = SUB * (2 / UL);
     int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
+    void (*k)(gf_mv) = gf_mvk_kernel<UL, SUB>;
     if (gpuGetDevice(&dev) != gpuSuccess || gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, dev) != gpuSuccess ||
-        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gf_mvk_kernel<UL>, threads, 0) != gpuSuccess)
+        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0) != gpuSuccess)
         per_sm = 1, sms = 1;   /* the launch's own error check reports a broken device */
     int blocks = (sms * per_sm + groups - 1) / groups;
     dim3 grid(blocks < tiles ? blocks : tiles, groups);
-    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+    gf_launch(k, grid, threads, 0, s, p);
 }
 
 template <class Q>
@@ -1493,10 +1497,13 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && !gf_env("STRATA_GPU_MV_OLD") && (S = gf_mvk_shape(p.n, &UL)) > 0) {
+        const char *sub = getenv("STRATA_GPU_MVK_SUB");   /* warps per slice of wide rows: 4, or 2 (trial) */
         if (UL == 1)
-            gf_mvk_launch<1>(p, groups, S, s);
+            gf_mvk_launch<1, 4>(p, groups, S, s);
+        else if (S > 1 && sub && !strcmp(sub, "2"))
+            gf_mvk_launch<2, 2>(p, groups, S, s);
         else
-            gf_mvk_launch<2>(p, groups, S, s);
+            gf_mvk_launch<2, 4>(p, groups, S, s);
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
