@@ -22,7 +22,8 @@
  *   ak_dec   (sm_80+) split-KV decode, dense and QSA, f16 and int8 cells,
  *            up to 16 query rows per kv head (T·G dense, G QSA): cells in
  *            the mma's 16 rows and query rows in its 8 columns (Sᵀ = K·Qᵀ,
- *            Oᵀ += Vᵀ·Pᵀ), every warp walking its own 16-cell steps with
+ *            Oᵀ += Vᵀ·Pᵀ), every warp walking its own 16-cell steps (32
+ *            for int8 at long contexts, AKD_LONG) with
  *            raw rows copied by cp.async ahead into a private ring, the
  *            block's warps merged once at the end. int8 codes are the mma
  *            operands (exact), their scales applied outside. One wave of
@@ -70,8 +71,8 @@
 #define AK_SIMT_ROWS 4  /* rows (warps) per ak_simt block */
 #define AK_THREADS 128  /* ak_mma: four warps load every step; those with rows compute */
 
-/* ROW_I8C: int8 cells as ak_dec copies them when a step's rows are one
- * contiguous run (dense, E = 128), see akd_shape */
+/* ROW_I8C: int8 cells as ak_dec lays them out unpadded (E = 128), dense
+ * runs copied whole, see akd_shape */
 enum { ROW_F32, ROW_F16, ROW_I8, ROW_Q4, ROW_I8C };
 
 /* One launch's view of a call. */
@@ -797,33 +798,33 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
 
 /* ==== ak_dec: decode windows, tensor cores (sm_80+) ==== */
 
-#define AKD_C 16 /* entries per warp step: one m-tile of K·Qᵀ, one k-step of Vᵀ·Pᵀ */
-
 /* ak_dec's shared memory. Per warp a ring of NST stages, each the K rows
- * then the V rows of one step's 16 entries, raw bytes at strides chosen so
- * that the fragment loads below hit 32 distinct banks (f16 K: 8 mod 32
- * words, f16 V and int8: 4 mod 32); after the loop the rings hold the
- * warps' partials for the block's merge. Then per warp the 32 row
- * pointers of the step being loaded, and the Pᵀ tile (8·NB rows, 16
- * entries, PLD floats a row). NW warps: 4, 2 for E = 256 (registers).
- * NSTQ: the stages asked for (0: 3 where the ring fits in 64 KB, else 2).
- * ROW_I8C: the 16 K rows of a step, like its 16 V rows, are one run of
- * 16·132 bytes in the page (dense entries, a step within one page), copied
- * in 16-byte pieces (a quarter of the copies of 4-byte ones) to a stage
- * without padding (33 words a row); the fragment loads then take a lane's
- * words in an order that keeps them on distinct banks (ak_dec). E = 128. */
-template <int ROW, int E, int NB, int NSTQ>
+ * then the V rows of one step's C entries (C = 16 or 32: one or two m-tiles
+ * of K·Qᵀ, k-steps of Vᵀ·Pᵀ), raw bytes at strides chosen so that the
+ * fragment loads below hit 32 distinct banks (f16 K: 8 mod 32 words, f16 V
+ * and int8: 4 mod 32); after the loop the rings hold the warps' partials
+ * for the block's merge. Then per warp the 2·C row pointers of the step
+ * being loaded, and the Pᵀ tile (8·NB rows, C entries, PLD floats a row).
+ * NW warps: 4, 2 for E = 256 (registers). NSTQ: the stages asked for (0: 3
+ * where the ring fits in 64 KB, else 2). ROW_I8C: int8 rows without
+ * padding (33 words a row), the fragment loads taking a lane's words in an
+ * order that keeps them on distinct banks (ak_dec); dense, the 16 K rows
+ * of a 16-entry half step, like its 16 V rows, are one run of 16·132 bytes
+ * in the page (a half step lies within one page), copied in 16-byte pieces
+ * (a quarter of the copies of 4-byte ones); QSA copies the same layout row
+ * by row, so that both sum in one order. E = 128. */
+template <int ROW, int E, int NB, int NSTQ, int C>
 struct akd_shape {
     static constexpr int NW = E >= 256 ? 2 : 4;
     static constexpr int KS = ROW == ROW_F16 ? 2 * E + 32 : ROW == ROW_I8C ? E + 4 : E + 16;
     static constexpr int VS = ROW == ROW_F16 ? 2 * E + 16 : ROW == ROW_I8C ? E + 4 : E + 16;
-    static constexpr int STAGE = AKD_C * (KS + VS);
+    static constexpr int STAGE = C * (KS + VS);
     static constexpr int NST = NSTQ ? NSTQ : 3 * STAGE * NW <= 65536 ? 3 : 2;
     static constexpr int RING = NW * NST * STAGE;
     static constexpr int MERGE = NW * 8 * NB * (E + 2) * 4;
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
-    static constexpr int PLD = 24;
-    static constexpr int SMEM = BIG + NW * 32 * 8 + NW * 8 * NB * PLD * 4;
+    static constexpr int PLD = C + 8;
+    static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;
 };
 
 #ifdef AK_MMA_BODY
@@ -894,31 +895,35 @@ static __device__ __forceinline__ void akd_i8x4(uint32_t w, uint32_t *lo, uint32
 /* Block (partition s, kv head h, z): the R = T·G rows of kv head h
  * (dense; row r: query r / G, head h·G + r % G, causal) or query z's G
  * rows over its list (QSA), R <= 8·NB. Each warp walks every NW-th step of
- * 16 entries of the partition, loaded by cp.async NST - 1 steps ahead, and
- * keeps its own online softmax; the block merges its warps at the end and
- * writes one partial per row. The products are transposed so that the
- * cells fill the 16 rows of the mma and the few query rows its 8 columns:
- * Sᵀ = K·Qᵀ (A = 16 K rows, B = Q as f16 hi + lo, in registers), then
- * Oᵀ += Vᵀ·Pᵀ (A = Vᵀ, B = P as hi + lo through shared memory). int8 rows
- * enter as their codes, exact in f16: a K row's scale multiplies its
- * scores, a V row's is folded into P. Any order of a product's reduction
- * index and of Oᵀ's rows serves as long as both operands follow it: lane
- * (g, t4) takes head-dim elements 16ks + 4t4 .. +3 as its k of step ks
- * (one 4-element load of a K row), and Oᵀ's m-tiles 2j, 2j+1 hold the
- * elements 32j + 4g + {0, 1} and {2, 3} (one 4-element load of a V row). */
-template <int ROW, int E, int NB, int NSTQ>
-__global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(ak_args a)
+ * C entries (16 or 32) of the partition, loaded by cp.async NST - 1 steps
+ * ahead, and keeps its own online softmax; the block merges its warps at
+ * the end and writes one partial per row. The products are transposed so
+ * that the cells fill the 16 rows of the mma (C / 16 m-tiles) and the few
+ * query rows its 8 columns: Sᵀ = K·Qᵀ (A = 16 K rows, B = Q as f16 hi +
+ * lo, in registers), then Oᵀ += Vᵀ·Pᵀ (A = Vᵀ, B = P as hi + lo through
+ * shared memory, C / 16 k-steps). int8 rows enter as their codes, exact in
+ * f16: a K row's scale multiplies its scores, a V row's is folded into P.
+ * Any order of a product's reduction index and of Oᵀ's rows serves as long
+ * as both operands follow it: lane (g, t4) takes head-dim elements 16ks +
+ * 4t4 .. +3 as its k of step ks (one 4-element load of a K row), and Oᵀ's
+ * m-tiles 2j, 2j+1 hold the elements 32j + 4g + {0, 1} and {2, 3} (one
+ * 4-element load of a V row). C = 32 halves the steps, and with them each
+ * step's chain of waits (copy, softmax shuffles, rescale, Pᵀ round trip),
+ * per byte; its two m-tiles of K·Qᵀ are independent chains of mma. */
+template <int ROW, int E, int NB, int NSTQ, int C>
+__global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_dec(ak_args a)
 {
 #ifdef AK_MMA_BODY
-    using SH = akd_shape<ROW, E, NB, NSTQ>;
+    using SH = akd_shape<ROW, E, NB, NSTQ, C>;
     constexpr int NW = SH::NW, KS = SH::KS, VS = SH::VS, NST = SH::NST, PLD = SH::PLD, KT = E / 16;
-    constexpr int MT = E / 16, NR = 8 * NB;
+    constexpr int MT = E / 16, NR = 8 * NB, MC = C / 16;
+    constexpr int SP = 32 / MC; /* steps whose pages (one per 16-entry half) a register holds */
     extern __shared__ __align__(16) uint8_t ak_smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
     uint8_t *ring = ak_smem + (size_t)w * NST * SH::STAGE;
-    const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 32;
-    float *ps = (float *)(ak_smem + SH::BIG + NW * 32 * 8) + w * NR * PLD;
+    const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 2 * C;
+    float *ps = (float *)(ak_smem + SH::BIG + NW * 2 * C * 8) + w * NR * PLD;
     const int32_t *list = NULL;
     int R, n_ent, tz = 0;
     if (a.qsa) {
@@ -939,27 +944,29 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(a
         return;
     bool direct = a.unit && akd_live(n_ent, a.S, a.unit) == 1;
     ak_grid_launch();
-    /* the warp's step i into stage i % NST: lanes 0-15 copy the K rows of
-     * its 16 entries, lanes 16-31 the V rows, then all copy. A lane's cell
-     * and page id for the next step are loaded one step ahead (nc, npg),
-     * so that the page-table load is not waited for before the copies. */
-    size_t lrow = lane < 16 ? a.kbytes : a.vbytes;
-    const uint8_t *lbase = a.pages + ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes) +
-                           (lane < 16 ? 0 : (size_t)a.P * a.kbytes);
+    /* the warp's step i into stage i % NST: the 2·C rows (K rows of its C
+     * entries, then their V rows), lane + 32k pointing at row lane + 32k
+     * (entry el = lane % C), then all copy. A lane's cell and page id for
+     * the next step are loaded one step ahead (nc, npg), so that the
+     * page-table load is not waited for before the copies. */
+    const uint8_t *kbase = a.pages + ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes);
+    const uint8_t *vbase = kbase + (size_t)a.P * a.kbytes;
+    int el = lane & (C - 1);
     int nc = -1, npg = 0;
     auto ahead = [&](int i) {
-        int ent = e_lo + (w + i * NW) * AKD_C + (lane & 15);
+        int ent = e_lo + (w + i * NW) * C + el;
         nc = ent < e_hi ? (list ? list[ent] : ent) : -1;
         npg = nc >= 0 ? a.pt[nc / a.P] : 0;
     };
-    /* pgreg (dense): a step's 16 cells lie in one page (P is a multiple of
-     * 16, steps start at multiples of 16), and lane j holds the page of the
-     * warp's step i0 + j, loaded once per 32 steps: no global load waits
-     * among a step's copies, behind the copies in flight before it */
+    /* pgreg (dense): a step's 16-entry halves each lie in one page (P is a
+     * power of two >= 16, steps start at multiples of C), and lane j holds
+     * the page of half j % MC of the warp's step i0 + j / MC, loaded once
+     * per SP steps: no global load waits among a step's copies, behind the
+     * copies in flight before it */
     bool pgr = (a.pgreg || ROW == ROW_I8C) && !list;
     int pgs = 0;
     auto pages_from = [&](int i0) {
-        int c = e_lo + (w + (i0 + lane) * NW) * AKD_C;
+        int c = e_lo + (w + (i0 + lane / MC) * NW) * C + 16 * (lane % MC);
         pgs = c < e_hi ? a.pt[c / a.P] : 0;
     };
     if (pgr)
@@ -988,66 +995,76 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(a
             lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
     }
 
-    int n_steps = e_hi > e_lo ? (e_hi - e_lo + AKD_C - 1) / AKD_C : 0;
+    int n_steps = e_hi > e_lo ? (e_hi - e_lo + C - 1) / C : 0;
     int my = n_steps > w ? (n_steps - w + NW - 1) / NW : 0; /* this warp's steps */
     auto issue = [&](int i) {
         __syncwarp(); /* the last step's pointers are read */
-        const uint8_t *p;
+        int c0 = e_lo + (w + i * NW) * C, pga = 0, pgb = 0;
         if (pgr) {
-            if (i > 0 && (i & 31) == 0)
+            if (i > 0 && i % SP == 0)
                 pages_from(i);
-            int pg = gpu_shfl(pgs, i & 31), c0 = e_lo + (w + i * NW) * AKD_C;
-            p = c0 + (lane & 15) < e_hi
-                  ? lbase + (size_t)pg * a.page_bytes + (size_t)(c0 % a.P + (lane & 15)) * lrow
-                  : NULL;
-        } else {
-            p = nc >= 0 ? lbase + (size_t)npg * a.page_bytes + (size_t)(nc % a.P) * lrow : NULL;
-            ahead(i + 1);
+            pga = gpu_shfl(pgs, (i % SP) * MC);          /* the first half's page */
+            pgb = gpu_shfl(pgs, (i % SP) * MC + MC - 1); /* the last half's */
         }
-        rp[lane] = p;
-        __syncwarp();
-        uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + AKD_C * KS;
-        if constexpr (ROW == ROW_I8C) {
-            /* the K run then the V run, 16-byte pieces; the bytes past the
-             * step's last live row are zeros (a row's scale included) */
-            constexpr int RUN = AKD_C * (E + 4), NP = RUN / 16;
-            int c0 = e_lo + (w + i * NW) * AKD_C, pg = gpu_shfl(pgs, i & 31);
-            int live = min(AKD_C, e_hi - c0) * (E + 4);
-            const uint8_t *krun = a.pages + (size_t)pg * a.page_bytes +
-                                  ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes) +
-                                  (size_t)(c0 % a.P) * (E + 4);
-            const uint8_t *vrun = krun + (size_t)a.P * a.kbytes;
+        int pg = el < 16 ? pga : pgb; /* this lane's entry's page */
+        if (ROW != ROW_I8C || !pgr) {
 #pragma unroll
-            for (int q = lane; q < 2 * NP; q += 32) {
-                int half = q >= NP, pc = half ? q - NP : q, n = min(16, max(0, live - 16 * pc));
-                akd_cp16n((half ? vst : kst) + 16 * pc, n ? (half ? vrun : krun) + 16 * pc : a.pages, n);
+            for (int k = 0; k < 2 * C / 32; k++) {
+                bool isv = lane + 32 * k >= C;
+                const uint8_t *base = isv ? vbase : kbase;
+                size_t rb = isv ? a.vbytes : a.kbytes;
+                const uint8_t *p;
+                if (pgr)
+                    p = c0 + el < e_hi ? base + (size_t)pg * a.page_bytes + (size_t)((c0 + el) % a.P) * rb : NULL;
+                else
+                    p = nc >= 0 ? base + (size_t)npg * a.page_bytes + (size_t)(nc % a.P) * rb : NULL;
+                rp[lane + 32 * k] = p;
             }
-        } else if constexpr (ROW == ROW_F16) {
+            if (!pgr)
+                ahead(i + 1);
+        }
+        __syncwarp();
+        uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + C * KS;
+        if constexpr (ROW == ROW_F16) {
             constexpr int LPR = 2 * E / 16; /* 16-byte pieces of a row */
 #pragma unroll
-            for (int q = lane; q < 32 * LPR; q += 32) {
+            for (int q = lane; q < 2 * C * LPR; q += 32) {
                 int row = q / LPR, col = q % LPR;
                 const uint8_t *src = rp[row];
-                uint8_t *dst = row < 16 ? kst + row * KS + col * 16 : vst + (row - 16) * VS + col * 16;
+                uint8_t *dst = row < C ? kst + row * KS + col * 16 : vst + (row - C) * VS + col * 16;
                 akd_cp16(dst, src ? src + col * 16 : a.pages, src != NULL);
+            }
+        } else if (ROW == ROW_I8C && pgr) {
+            /* per half step the K run then the V run, 16-byte pieces; the
+             * bytes past the step's last live row are zeros (a row's scale
+             * included) */
+            constexpr int RUN = 16 * (E + 4), NP = RUN / 16;
+#pragma unroll
+            for (int q = lane; q < 2 * MC * NP; q += 32) {
+                int isv = q >= MC * NP, rem = isv ? q - MC * NP : q, hh = rem / NP, pc = rem % NP;
+                int c = c0 + 16 * hh, live = min(16, max(0, e_hi - c)) * (E + 4);
+                int n = min(16, max(0, live - 16 * pc));
+                const uint8_t *run =
+                    (isv ? vbase : kbase) + (size_t)(hh ? pgb : pga) * a.page_bytes + (size_t)(c % a.P) * (E + 4);
+                akd_cp16n((isv ? vst : kst) + hh * RUN + 16 * pc, n ? run + 16 * pc : a.pages, n);
             }
         } else {
             /* rows of E + 4 bytes, 4-aligned: words, lane-strided per row;
              * the words past the last multiple of 32 spread over the lanes */
             constexpr int NWR = (E + 4) / 4, MAIN = NWR / 32 * 32, TAIL = NWR - MAIN;
 #pragma unroll 4
-            for (int row = 0; row < 32; row++) {
+            for (int row = 0; row < 2 * C; row++) {
                 const uint8_t *src = rp[row];
-                uint8_t *dst = row < 16 ? kst + row * KS : vst + (row - 16) * VS;
+                uint8_t *dst = row < C ? kst + row * KS : vst + (row - C) * VS;
 #pragma unroll
                 for (int wd = lane; wd < MAIN; wd += 32)
                     akd_cp4(dst + 4 * wd, src ? src + 4 * wd : a.pages, src != NULL);
             }
 #pragma unroll
-            for (int q = lane; q < 32 * TAIL; q += 32) {
+            for (int q = lane; q < 2 * C * TAIL; q += 32) {
                 int row = q / TAIL, wd = MAIN + q % TAIL;
                 const uint8_t *src = rp[row];
-                uint8_t *dst = row < 16 ? kst + row * KS : vst + (row - 16) * VS;
+                uint8_t *dst = row < C ? kst + row * KS : vst + (row - C) * VS;
                 akd_cp4(dst + 4 * wd, src ? src + 4 * wd : a.pages, src != NULL);
             }
         }
@@ -1077,67 +1094,91 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(a
             akd_commit();
         akd_wait<NST - 1>(); /* step i's group is complete */
         __syncwarp();
-        const uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + AKD_C * KS;
-        int c0 = e_lo + (w + i * NW) * AKD_C;
+        const uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + C * KS;
+        int c0 = e_lo + (w + i * NW) * C;
 
-        /* Sᵀ = K·Qᵀ: rows cells g and g+8, columns query rows 2t4, 2t4+1 */
-        float S[NB][4];
+        /* Sᵀ = K·Qᵀ: m-tile mc's rows cells 16mc + g and + 8, columns
+         * query rows 2t4, 2t4+1 */
+        float S[NB][MC][4];
 #pragma unroll
         for (int nb = 0; nb < NB; nb++)
-            S[nb][0] = S[nb][1] = S[nb][2] = S[nb][3] = 0.0f;
+#pragma unroll
+            for (int mc = 0; mc < MC; mc++)
+                S[nb][mc][0] = S[nb][mc][1] = S[nb][mc][2] = S[nb][mc][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KT; ks++) {
-            uint32_t af[4];
-            if constexpr (ROW == ROW_F16) {
-                uint2 x = *(const uint2 *)(kst + g * KS + 32 * ks + 8 * t4);
-                uint2 y = *(const uint2 *)(kst + (g + 8) * KS + 32 * ks + 8 * t4);
-                af[0] = x.x;
-                af[2] = x.y;
-                af[1] = y.x;
-                af[3] = y.y;
-            } else {
-                int wo = ROW == ROW_I8C ? 4 + 4 * (t4 * KT + ks) : 4 + 16 * ks + 4 * t4;
-                uint32_t x = *(const uint32_t *)(kst + g * KS + wo);
-                uint32_t y = *(const uint32_t *)(kst + (g + 8) * KS + wo);
-                akd_i8x4(x, &af[0], &af[2]);
-                akd_i8x4(y, &af[1], &af[3]);
-            }
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                ak_mma16816(S[nb], af, ql[nb][ks][0], ql[nb][ks][1]);
-                ak_mma16816(S[nb], af, qh[nb][ks][0], qh[nb][ks][1]);
+            for (int mc = 0; mc < MC; mc++) {
+                const uint8_t *kr = kst + 16 * mc * KS;
+                uint32_t af[4];
+                if constexpr (ROW == ROW_F16) {
+                    uint2 x = *(const uint2 *)(kr + g * KS + 32 * ks + 8 * t4);
+                    uint2 y = *(const uint2 *)(kr + (g + 8) * KS + 32 * ks + 8 * t4);
+                    af[0] = x.x;
+                    af[2] = x.y;
+                    af[1] = y.x;
+                    af[3] = y.y;
+                } else {
+                    int wo = ROW == ROW_I8C ? 4 + 4 * (t4 * KT + ks) : 4 + 16 * ks + 4 * t4;
+                    uint32_t x = *(const uint32_t *)(kr + g * KS + wo);
+                    uint32_t y = *(const uint32_t *)(kr + (g + 8) * KS + wo);
+                    akd_i8x4(x, &af[0], &af[2]);
+                    akd_i8x4(y, &af[1], &af[3]);
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
+                    ak_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
+                }
             }
         }
-        float kA = a.scale, kB = a.scale, dvA = 1.0f, dvB = 1.0f, dm = 1.0f;
+        float kA[MC], kB[MC], dvA[MC], dvB[MC], dm = 1.0f;
+#pragma unroll
+        for (int mc = 0; mc < MC; mc++) {
+            kA[mc] = kB[mc] = a.scale;
+            dvA[mc] = dvB[mc] = 1.0f;
+        }
         if constexpr (ROW != ROW_F16) {
-            kA *= *(const float *)(kst + g * KS);
-            kB *= *(const float *)(kst + (g + 8) * KS);
             /* the V scales enter P relative to dm, the power of two just
              * above the step's largest (Oᵀ is kept divided by dm meanwhile,
              * exactly): P·d/dm lies in [0, 1] as P does, never among f16's
              * subnormals because a row's values are small */
-            dvA = *(const float *)(vst + g * VS);
-            dvB = *(const float *)(vst + (g + 8) * VS);
-            float dx = fmaxf(dvA, dvB);
+            float dx = 0.0f;
+#pragma unroll
+            for (int mc = 0; mc < MC; mc++) {
+                kA[mc] *= *(const float *)(kst + (16 * mc + g) * KS);
+                kB[mc] *= *(const float *)(kst + (16 * mc + g + 8) * KS);
+                dvA[mc] = *(const float *)(vst + (16 * mc + g) * VS);
+                dvB[mc] = *(const float *)(vst + (16 * mc + g + 8) * VS);
+                dx = mc ? fmaxf(dx, fmaxf(dvA[mc], dvB[mc])) : fmaxf(dvA[mc], dvB[mc]);
+            }
             dx = fmaxf(dx, gpu_shfl_xor(dx, 4));
             dx = fmaxf(dx, gpu_shfl_xor(dx, 8));
             dx = fmaxf(dx, gpu_shfl_xor(dx, 16));
             int ex = 0;
             frexpf(dx, &ex);
             dm = dx > 0.0f ? ldexpf(1.0f, ex) : 1.0f;
-            dvA /= dm;
-            dvB /= dm;
+#pragma unroll
+            for (int mc = 0; mc < MC; mc++) {
+                dvA[mc] /= dm;
+                dvB[mc] /= dm;
+            }
         }
-        int entA = c0 + g, entB = c0 + g + 8;
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
+            float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                S[nb][c] = entA < e_hi && entA <= lim[nb][c] ? S[nb][c] * kA : -INFINITY;
-                S[nb][2 + c] = entB < e_hi && entB <= lim[nb][c] ? S[nb][2 + c] * kB : -INFINITY;
+            for (int mc = 0; mc < MC; mc++) {
+                int entA = c0 + 16 * mc + g, entB = entA + 8;
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    S[nb][mc][c] = entA < e_hi && entA <= lim[nb][c] ? S[nb][mc][c] * kA[mc] : -INFINITY;
+                    S[nb][mc][2 + c] = entB < e_hi && entB <= lim[nb][c] ? S[nb][mc][2 + c] * kB[mc] : -INFINITY;
+                }
+                x0 = mc ? fmaxf(x0, fmaxf(S[nb][mc][0], S[nb][mc][2])) : fmaxf(S[nb][mc][0], S[nb][mc][2]);
+                x1 = mc ? fmaxf(x1, fmaxf(S[nb][mc][1], S[nb][mc][3])) : fmaxf(S[nb][mc][1], S[nb][mc][3]);
             }
-            /* online softmax of rows 2t4 + c over the 16 cells (lanes g) */
-            float x0 = fmaxf(S[nb][0], S[nb][2]), x1 = fmaxf(S[nb][1], S[nb][3]);
+            /* online softmax of rows 2t4 + c over the C cells (lanes g, m-tiles mc) */
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) {
                 x0 = fmaxf(x0, gpu_shfl_xor(x0, o));
@@ -1147,12 +1188,23 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(a
             /* a row with only -inf so far keeps m = -inf and weighs nothing */
             float al0 = n0 == -INFINITY || m[nb][0] == -INFINITY ? 0.0f : expf(m[nb][0] - n0);
             float al1 = n1 == -INFINITY || m[nb][1] == -INFINITY ? 0.0f : expf(m[nb][1] - n1);
-            float p0 = S[nb][0] == -INFINITY ? 0.0f : expf(S[nb][0] - n0);
-            float p1 = S[nb][1] == -INFINITY ? 0.0f : expf(S[nb][1] - n1);
-            float p2 = S[nb][2] == -INFINITY ? 0.0f : expf(S[nb][2] - n0);
-            float p3 = S[nb][3] == -INFINITY ? 0.0f : expf(S[nb][3] - n1);
-            l[nb][0] = l[nb][0] * al0 + (p0 + p2); /* this lane's cells; summed over g at the end */
-            l[nb][1] = l[nb][1] * al1 + (p1 + p3);
+            float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+            for (int mc = 0; mc < MC; mc++) {
+                float q0 = S[nb][mc][0] == -INFINITY ? 0.0f : expf(S[nb][mc][0] - n0);
+                float q1 = S[nb][mc][1] == -INFINITY ? 0.0f : expf(S[nb][mc][1] - n1);
+                float q2 = S[nb][mc][2] == -INFINITY ? 0.0f : expf(S[nb][mc][2] - n0);
+                float q3 = S[nb][mc][3] == -INFINITY ? 0.0f : expf(S[nb][mc][3] - n1);
+                ls0 += q0 + q2; /* this lane's cells; summed over g at the end */
+                ls1 += q1 + q3;
+                float *pr = ps + (8 * nb + 2 * t4) * PLD + 16 * mc;
+                pr[g] = q0 * dvA[mc];
+                pr[PLD + g] = q1 * dvA[mc];
+                pr[g + 8] = q2 * dvB[mc];
+                pr[PLD + g + 8] = q3 * dvB[mc];
+            }
+            l[nb][0] = l[nb][0] * al0 + ls0;
+            l[nb][1] = l[nb][1] * al1 + ls1;
             m[nb][0] = n0;
             m[nb][1] = n1;
             float oa0 = al0 / dm, oa1 = al1 / dm;
@@ -1163,55 +1215,57 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ>::NW) ak_dec(a
                 O[nb][mt][2] *= oa0;
                 O[nb][mt][3] *= oa1;
             }
-            float *pr = ps + (8 * nb + 2 * t4) * PLD;
-            pr[g] = p0 * dvA;
-            pr[PLD + g] = p1 * dvA;
-            pr[g + 8] = p2 * dvB;
-            pr[PLD + g + 8] = p3 * dvB;
         }
         __syncwarp();
-        /* Pᵀ's B fragments: row g (of the n-tile), cells 2t4.. and 2t4+8.. */
-        uint32_t ph[NB][2], pl[NB][2];
+        /* Pᵀ's B fragments of k-step mc: row g (of the n-tile), cells
+         * 16mc + 2t4.. and 16mc + 2t4+8.. */
+        uint32_t ph[NB][MC][2], pl[NB][MC][2];
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            const float *pr = ps + (8 * nb + g) * PLD + 2 * t4;
-            float2 u = *(const float2 *)pr, v = *(const float2 *)(pr + 8);
-            ak_split2(u.x, u.y, &ph[nb][0], &pl[nb][0]);
-            ak_split2(v.x, v.y, &ph[nb][1], &pl[nb][1]);
-        }
-        /* Oᵀ += Vᵀ·Pᵀ: A of m-tiles 2j, 2j+1 from cells 2t4, 2t4+1, 2t4+8,
-         * 2t4+9, elements 32j + 4g .. +3, paired across cells */
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int mc = 0; mc < MC; mc++) {
+                const float *pr = ps + (8 * nb + g) * PLD + 16 * mc + 2 * t4;
+                float2 u = *(const float2 *)pr, v = *(const float2 *)(pr + 8);
+                ak_split2(u.x, u.y, &ph[nb][mc][0], &pl[nb][mc][0]);
+                ak_split2(v.x, v.y, &ph[nb][mc][1], &pl[nb][mc][1]);
+            }
+        /* Oᵀ += Vᵀ·Pᵀ: A of m-tiles 2j, 2j+1 from cells 16mc + 2t4, +1, +8,
+         * +9, elements 32j + 4g .. +3, paired across cells */
 #pragma unroll
         for (int j = 0; j < E / 32; j++) {
-            uint32_t a0[4], a1[4];
-            if constexpr (ROW == ROW_F16) {
-                const uint8_t *vb = vst + 64 * j + 8 * g;
-                uint2 w0 = *(const uint2 *)(vb + (2 * t4) * VS), w1 = *(const uint2 *)(vb + (2 * t4 + 1) * VS);
-                uint2 w8 = *(const uint2 *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint2 *)(vb + (2 * t4 + 9) * VS);
-                a0[0] = __byte_perm(w0.x, w1.x, 0x5410);
-                a0[1] = __byte_perm(w0.x, w1.x, 0x7632);
-                a0[2] = __byte_perm(w8.x, w9.x, 0x5410);
-                a0[3] = __byte_perm(w8.x, w9.x, 0x7632);
-                a1[0] = __byte_perm(w0.y, w1.y, 0x5410);
-                a1[1] = __byte_perm(w0.y, w1.y, 0x7632);
-                a1[2] = __byte_perm(w8.y, w9.y, 0x5410);
-                a1[3] = __byte_perm(w8.y, w9.y, 0x7632);
-            } else {
-                /* ROW_I8C: word akd_vword(j, g) of the row (bank order) */
-                const uint8_t *vb = vst + 4 + (ROW == ROW_I8C ? 4 * akd_vword(j, g) : 32 * j + 4 * g);
-                uint32_t w0 = *(const uint32_t *)(vb + (2 * t4) * VS), w1 = *(const uint32_t *)(vb + (2 * t4 + 1) * VS);
-                uint32_t w8 = *(const uint32_t *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint32_t *)(vb + (2 * t4 + 9) * VS);
-                akd_i8x4(__byte_perm(w0, w1, 0x5140), &a0[0], &a0[1]);
-                akd_i8x4(__byte_perm(w8, w9, 0x5140), &a0[2], &a0[3]);
-                akd_i8x4(__byte_perm(w0, w1, 0x7362), &a1[0], &a1[1]);
-                akd_i8x4(__byte_perm(w8, w9, 0x7362), &a1[2], &a1[3]);
-            }
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                ak_mma16816(O[nb][2 * j], a0, pl[nb][0], pl[nb][1]);
-                ak_mma16816(O[nb][2 * j], a0, ph[nb][0], ph[nb][1]);
-                ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][0], pl[nb][1]);
-                ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][0], ph[nb][1]);
+            for (int mc = 0; mc < MC; mc++) {
+                const uint8_t *vr = vst + 16 * mc * VS;
+                uint32_t a0[4], a1[4];
+                if constexpr (ROW == ROW_F16) {
+                    const uint8_t *vb = vr + 64 * j + 8 * g;
+                    uint2 w0 = *(const uint2 *)(vb + (2 * t4) * VS), w1 = *(const uint2 *)(vb + (2 * t4 + 1) * VS);
+                    uint2 w8 = *(const uint2 *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint2 *)(vb + (2 * t4 + 9) * VS);
+                    a0[0] = __byte_perm(w0.x, w1.x, 0x5410);
+                    a0[1] = __byte_perm(w0.x, w1.x, 0x7632);
+                    a0[2] = __byte_perm(w8.x, w9.x, 0x5410);
+                    a0[3] = __byte_perm(w8.x, w9.x, 0x7632);
+                    a1[0] = __byte_perm(w0.y, w1.y, 0x5410);
+                    a1[1] = __byte_perm(w0.y, w1.y, 0x7632);
+                    a1[2] = __byte_perm(w8.y, w9.y, 0x5410);
+                    a1[3] = __byte_perm(w8.y, w9.y, 0x7632);
+                } else {
+                    /* ROW_I8C: word akd_vword(j, g) of the row (bank order) */
+                    const uint8_t *vb = vr + 4 + (ROW == ROW_I8C ? 4 * akd_vword(j, g) : 32 * j + 4 * g);
+                    uint32_t w0 = *(const uint32_t *)(vb + (2 * t4) * VS), w1 = *(const uint32_t *)(vb + (2 * t4 + 1) * VS);
+                    uint32_t w8 = *(const uint32_t *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint32_t *)(vb + (2 * t4 + 9) * VS);
+                    akd_i8x4(__byte_perm(w0, w1, 0x5140), &a0[0], &a0[1]);
+                    akd_i8x4(__byte_perm(w8, w9, 0x5140), &a0[2], &a0[3]);
+                    akd_i8x4(__byte_perm(w0, w1, 0x7362), &a1[0], &a1[1]);
+                    akd_i8x4(__byte_perm(w8, w9, 0x7362), &a1[2], &a1[3]);
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    ak_mma16816(O[nb][2 * j], a0, pl[nb][mc][0], pl[nb][mc][1]);
+                    ak_mma16816(O[nb][2 * j], a0, ph[nb][mc][0], ph[nb][mc][1]);
+                    ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][mc][0], pl[nb][mc][1]);
+                    ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][mc][0], ph[nb][mc][1]);
+                }
             }
         }
         if constexpr (ROW != ROW_F16) {
@@ -1513,35 +1567,53 @@ static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, g
     return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
 }
 
-template <int ROW, int E, int NB, int NSTQ>
-static void akd_of(ak_fn *fn, int *smem, int *nw)
+template <int ROW, int E, int NB, int NSTQ, int C>
+static void akd_of(ak_fn *fn, int *smem, int *nw, int *cs)
 {
-    *fn = ak_dec<ROW, E, NB, NSTQ>;
-    *smem = akd_shape<ROW, E, NB, NSTQ>::SMEM;
-    *nw = akd_shape<ROW, E, NB, NSTQ>::NW;
+    *fn = ak_dec<ROW, E, NB, NSTQ, C>;
+    *smem = akd_shape<ROW, E, NB, NSTQ, C>::SMEM;
+    *nw = akd_shape<ROW, E, NB, NSTQ, C>::NW;
+    *cs = C;
 }
 
-/* nst: the ring's stages for E = 128 with up to 8 rows (the Qwen3 shapes
- * at T = 1), 0 or another value: akd_shape's own choice. */
-template <int ROW>
-static void akd_pick(int E, int nb, int nst, ak_fn *fn, int *smem, int *nw)
+/* E = 128: nst, the ring's stages with up to 8 rows (the Qwen3 shapes at
+ * T = 1), 2-4 for 16-entry steps, 3 for 32; 0 or another value:
+ * akd_shape's own choice. */
+template <int ROW, int C>
+static void akd_pick128(int nb, int nst, ak_fn *fn, int *smem, int *nw, int *cs)
 {
-    if (E == 64 && nb == 1)
-        akd_of<ROW, 64, 1, 0>(fn, smem, nw);
-    else if (E == 64)
-        akd_of<ROW, 64, 2, 0>(fn, smem, nw);
-    else if (E == 128 && nb == 1 && nst == 2)
-        akd_of<ROW, 128, 1, 2>(fn, smem, nw);
-    else if (E == 128 && nb == 1 && nst == 3)
-        akd_of<ROW, 128, 1, 3>(fn, smem, nw);
-    else if (E == 128 && nb == 1 && nst == 4)
-        akd_of<ROW, 128, 1, 4>(fn, smem, nw);
-    else if (E == 128 && nb == 1)
-        akd_of<ROW, 128, 1, 0>(fn, smem, nw);
-    else if (E == 128)
-        akd_of<ROW, 128, 2, 0>(fn, smem, nw);
-    else
-        akd_of<ROW, 256, 1, 0>(fn, smem, nw);
+    if (nb > 1)
+        akd_of<ROW, 128, 2, 0, C>(fn, smem, nw, cs);
+    else if (nst == 3)
+        akd_of<ROW, 128, 1, 3, C>(fn, smem, nw, cs);
+    else if constexpr (C == 16) {
+        if (nst == 2)
+            akd_of<ROW, 128, 1, 2, C>(fn, smem, nw, cs);
+        else if (nst == 4)
+            akd_of<ROW, 128, 1, 4, C>(fn, smem, nw, cs);
+        else
+            akd_of<ROW, 128, 1, 0, C>(fn, smem, nw, cs);
+    } else
+        akd_of<ROW, 128, 1, 0, C>(fn, smem, nw, cs);
+}
+
+/* c: entries per warp step, 32 for E = 128 (else 16). ROW_I8C: E = 128
+ * only. */
+template <int ROW>
+static void akd_pick(int E, int nb, int nst, int c, ak_fn *fn, int *smem, int *nw, int *cs)
+{
+    if (E == 128 && c == 32)
+        akd_pick128<ROW, 32>(nb, nst, fn, smem, nw, cs);
+    else if (E == 128 || ROW == ROW_I8C)
+        akd_pick128<ROW, 16>(nb, nst, fn, smem, nw, cs);
+    else if constexpr (ROW != ROW_I8C) {
+        if (E == 64 && nb == 1)
+            akd_of<ROW, 64, 1, 0, 16>(fn, smem, nw, cs);
+        else if (E == 64)
+            akd_of<ROW, 64, 2, 0, 16>(fn, smem, nw, cs);
+        else
+            akd_of<ROW, 256, 1, 0, 16>(fn, smem, nw, cs);
+    }
 }
 
 /* How ak_launch_dec runs: ring stages (akd_pick), blocks per SM in the
@@ -1549,24 +1621,32 @@ static void akd_pick(int E, int nb, int nst, ak_fn *fn, int *smem, int *nw)
  * the device from the live entries (dyn; 0: by max_cells alone, every
  * partition written), the merge launched as a programmatic dependent (pdl,
  * sm_90 only), the merge's carveout at most shared memory too (mc), page
- * ids 32 steps ahead in registers (pgreg), int8 runs copied in 16-byte
- * pieces (i8c: dense, E = 128, up to 8 rows; its reduction order differs
- * from the QSA path's, so QSA over every cell is no longer bitwise equal to
- * dense). STRATA_ATTN_DEC="nst,per_sm,dyn,pdl,mc,pgreg,i8c" overrides the
- * default "0,0,1,1,0,0,0", for the benchmark's comparisons
- * (test_gpu_attn.c). H200: one wave + dyn + pdl measured fastest (BENCH.md,
- * second pass); mc, pgreg and i8c are correct there (every gpu/attn case)
- * but not yet timed. */
+ * ids 32 steps ahead in registers (pgreg), int8 rows unpadded (i8c: ROW_I8C,
+ * E = 128, dense and QSA in one order, dense runs copied in 16-byte
+ * pieces), entries per warp step (c: 16, or 32 for E = 128); i8c < 0 and
+ * c <= 0 choose by the context (AKD_LONG). STRATA_ATTN_DEC=
+ * "nst,per_sm,dyn,pdl,mc,pgreg,i8c,c" overrides the default
+ * "0,0,1,1,0,0,-1,0", for the benchmark's comparisons (test_gpu_attn.c).
+ * H200: one wave + dyn + pdl measured fastest (BENCH.md, second pass), and
+ * for int8 at 32K cells i8c with 32-entry steps (third pass). */
 struct akd_cfg {
-    int nst, per_sm, dyn, pdl, mc, pgreg, i8c;
+    int nst, per_sm, dyn, pdl, mc, pgreg, i8c, c;
 };
+
+/* max_cells from which int8 cells of head dim 128 take ROW_I8C with
+ * 32-entry steps: on the H200 at 32K cells 44 us a layer against 55 with
+ * 16-entry padded rows, but 18.6 against 17.0 at 4K and 12.5 against 11.0
+ * at 512 live cells (one step a warp, half the blocks), so a short context
+ * keeps 16; the choice is made per capture (max_cells), never per
+ * position (a graph replays at any). */
+#define AKD_LONG 8192
 
 static struct akd_cfg akd_cfg_get(void)
 {
-    struct akd_cfg c = {0, 0, 1, 1, 0, 0, 0};
+    struct akd_cfg c = {0, 0, 1, 1, 0, 0, -1, 0};
     const char *v = getenv("STRATA_ATTN_DEC");
     if (v && *v)
-        sscanf(v, "%d,%d,%d,%d,%d,%d,%d", &c.nst, &c.per_sm, &c.dyn, &c.pdl, &c.mc, &c.pgreg, &c.i8c);
+        sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d", &c.nst, &c.per_sm, &c.dyn, &c.pdl, &c.mc, &c.pgreg, &c.i8c, &c.c);
     return c;
 }
 
@@ -1609,16 +1689,17 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     cf.pdl = cf.pdl && arch >= 90;
     ak_args a = ak_args_of(g, qsa);
     int rows = qsa ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa ? g->T : 1, S = 1;
+    int longc = g->kv.cell == KV_CELL_INT8 && a.E == 128 && g->max_cells >= AKD_LONG;
+    cf.i8c = cf.i8c < 0 ? longc : cf.i8c;
+    cf.c = cf.c > 0 ? cf.c : longc ? 32 : 16;
     ak_fn fn;
-    int smem, nw;
-    if (g->kv.cell == KV_CELL_INT8 && cf.i8c && !qsa && a.E == 128 && nb == 1 && cf.nst == 4)
-        akd_of<ROW_I8C, 128, 1, 4>(&fn, &smem, &nw);
-    else if (g->kv.cell == KV_CELL_INT8 && cf.i8c && !qsa && a.E == 128 && nb == 1)
-        akd_of<ROW_I8C, 128, 1, 0>(&fn, &smem, &nw);
+    int smem, nw, cs;
+    if (g->kv.cell == KV_CELL_INT8 && cf.i8c && a.E == 128)
+        akd_pick<ROW_I8C>(a.E, nb, cf.nst, cf.c, &fn, &smem, &nw, &cs);
     else if (g->kv.cell == KV_CELL_INT8)
-        akd_pick<ROW_I8>(a.E, nb, cf.nst, &fn, &smem, &nw);
+        akd_pick<ROW_I8>(a.E, nb, cf.nst, cf.c, &fn, &smem, &nw, &cs);
     else
-        akd_pick<ROW_F16>(a.E, nb, cf.nst, &fn, &smem, &nw);
+        akd_pick<ROW_F16>(a.E, nb, cf.nst, cf.c, &fn, &smem, &nw, &cs);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
             errlen);
     /* 59-150 KB a block: ask for the largest shared-memory carveout, so
@@ -1636,7 +1717,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     ak_split(g->max_cells, a.K * Z, sms, per_sm, AK_SPLIT_MAX, &S, &a.plen);
     ak_partials(g, &a, S);
     a.S = S;
-    a.unit = cf.dyn ? AKD_C * nw : 0;
+    a.unit = cf.dyn ? cs * nw : 0;
     a.pgreg = cf.pgreg;
     GPU_TRY(cudaFuncSetAttribute((const void *)ak_merge, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cf.mc ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault),
@@ -1646,7 +1727,8 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         static int said_S;
         if (said_fn != fn || said_S != S)
             fprintf(stderr, "strata: ak_dec %d KB smem, %d warps, %d blocks/SM, grid %d x %d x %d, dyn %d, pdl %d, mc %d, "
-                    "pgreg %d, i8c %d\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn, cf.pdl, cf.mc, cf.pgreg, cf.i8c);
+                    "pgreg %d, i8c %d, %d entries a step\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn, cf.pdl, cf.mc,
+                    cf.pgreg, cf.i8c, cs);
         said_fn = fn;
         said_S = S;
     }

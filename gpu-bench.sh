@@ -49,7 +49,10 @@ for step in "$@"; do
         continue
     fi
     case $step in
-    tests) STRATA_TESTDATA=$D/testdata "$D/test" gpu/ 2>&1 | grep -v '^ok' | tail -n 60 ;;
+    tests) # every failure with the lines before it, then the count
+        STRATA_TESTDATA=$D/testdata "$D/test" gpu/ >"$T/tests.log" 2>&1
+        grep -B6 '^FAIL' "$T/tests.log"
+        tail -n 1 "$T/tests.log" ;;
     profile) STRATA_GPU_BENCH=1 "$D/test" gpu/bench 2>&1 | tail -n 8 ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;

@@ -611,11 +611,12 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
  * loads are issued before this round's arithmetic. The first round's loads
  * go out before the kernel waits for the one ahead (weights are no kernel's
  * output), so they overlap its tail and the activation work. Rows wider
- * than 32·UL units are cut into S column slices of SUB warps each; a
+ * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each; a
  * round's partial sums meet in shared memory and are added in slice order
  * (deterministic). The grid is sized to the resident blocks and walks the
  * row tiles. (Quantising the activation in each block instead of in
  * gf_act_kernel before it was tried: slower on the H200, BENCH.md.) */
+#define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
 /* the R rows from r0 (the last row past the end) at units ub of each */
@@ -638,13 +639,13 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, size_t eoff,
     }
 }
 
-template <int UL, int SUB>
-__global__ void __launch_bounds__(GF_MVK_SMAX * 4 * GPU_WARP) gf_mvk_kernel(gf_mv p)
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
-    enum { R = 2 / UL, RT = SUB * R };
+    enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
-    int slice = warp / SUB, sub = warp % SUB, S = blockDim.x / (SUB * GPU_WARP);
+    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
     int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
@@ -1478,12 +1479,12 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
     k<<<grid, block, smem, s>>>((P)args...);
 }
 
-template <int UL, int SUB>
+template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = SUB * (2 / UL);
+    int threads = S * GF_MVK_SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = GF_MVK_SUB * (2 / UL);
     int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
-    void (*k)(gf_mv) = gf_mvk_kernel<UL, SUB>;
+    void (*k)(gf_mv) = gf_mvk_kernel<UL>;
     if (gpuGetDevice(&dev) != gpuSuccess || gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, dev) != gpuSuccess ||
         gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0) != gpuSuccess)
         per_sm = 1, sms = 1;   /* the launch's own error check reports a broken device */
@@ -1497,13 +1498,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && !gf_env("STRATA_GPU_MV_OLD") && (S = gf_mvk_shape(p.n, &UL)) > 0) {
-        const char *sub = getenv("STRATA_GPU_MVK_SUB");   /* warps per slice of wide rows: 4, or 2 (trial) */
         if (UL == 1)
-            gf_mvk_launch<1, 4>(p, groups, S, s);
-        else if (S > 1 && sub && !strcmp(sub, "2"))
-            gf_mvk_launch<2, 2>(p, groups, S, s);
+            gf_mvk_launch<1>(p, groups, S, s);
         else
-            gf_mvk_launch<2, 4>(p, groups, S, s);
+            gf_mvk_launch<2>(p, groups, S, s);
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);

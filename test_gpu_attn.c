@@ -454,11 +454,15 @@ static int bench_call(void *arg)
 /* The decode configurations the benchmark compares (attn_cuda.cu's
  * STRATA_ATTN_DEC: ring stages, blocks per SM (0: one wave), partitions
  * sized on the device, merge as a programmatic dependent launch, merge
- * carveout, page ids in registers, int8 runs in 16-byte pieces); the first
- * is the default, which the cases above test, and every other must give
- * its output to 1e-5. */
-static const char *const bench_dec[] = {"0,0,1,1,0,0,0", "0,8,0,0,0,0,0", "0,0,1,0,0,0,0", "3,0,1,1,0,0,0",
-                                        "0,0,1,1,0,1,0", "0,0,1,1,1,0,0", "0,0,1,1,0,0,1", "0,0,1,1,1,1,1"};
+ * carveout, page ids in registers, int8 rows unpadded with dense runs in
+ * 16-byte pieces, entries per warp step); the first, "default", is
+ * STRATA_ATTN_DEC unset, which the cases above test, and every other must
+ * give its output to 1e-5. */
+static const char *const bench_dec[] = {
+    "default",          "0,0,1,1,0,0,0,16", "3,0,1,1,0,0,0,16", "0,0,1,1,0,1,0,16",
+    "0,0,1,1,0,0,1,16", "0,0,1,1,0,0,0,32", "0,0,1,1,0,0,1,32", "3,0,1,1,0,0,1,32",
+    "0,0,1,1,1,1,1,32", "0,0,1,0,0,0,1,32",
+};
 
 /* Prompt at 4096 cells x 512 queries; decode T = 1 at 512 cells (in a
  * cache of 512 and of 32,768), 4K and 32K: one layer of the Qwen3-8B shape
@@ -519,7 +523,10 @@ static void case_bench(void)
                 }
                 int nv = kind && cells[f] != KV_CELL_Q4 ? (int)(sizeof bench_dec / sizeof *bench_dec) : 1;
                 for (int v = 0; kind && v < nv; v++) {
-                    setenv("STRATA_ATTN_DEC", bench_dec[v], 1);
+                    if (v)
+                        setenv("STRATA_ATTN_DEC", bench_dec[v], 1);
+                    else
+                        unsetenv("STRATA_ATTN_DEC");
                     dc.a.layer = 0;
                     if (!dcall_get(&dc, PATH_DECODE, v ? got : ref))
                         break;
@@ -572,7 +579,8 @@ void test_gpu_attn(void)
      * shape (GQA 4:1, 8 kv heads) decoding one token, and a 4-query window
      * of it (16 causal rows, the most ak_dec takes); 96, which only the
      * simt kernel takes; pages of 16..128 cells, the Qwen3-8B shape's T = 1
-     * decode with pages of 16 and 128 too */
+     * decode with pages of 16 and 128 too, and at 8,400 cells (a context
+     * long enough for int8's 32-entry steps, attn_cuda.cu's AKD_LONG) */
     static const struct gcfg fast[] = {
         {128, 8, 1, 1500, 256, 4, 64, 512, 64, 1},
         {256, 12, 1, 2100, 64, 2, 64, 512, 64, 1},
@@ -585,6 +593,7 @@ void test_gpu_attn(void)
         {96, 4, 2, 500, 20, 2, 64, 100, 8, 1},
         {128, 4, 8, 1000, 2, 1, 16, 256, 32, 1},
         {128, 4, 2, 700, 3, 1, 128, 256, 32, 1},
+        {128, 4, 8, 8400, 2, 1, 64, 512, 32, 1},
     };
     for (size_t i = 0; i < sizeof fast / sizeof *fast; i++)
         run_config(&fast[i], 21 + (unsigned)i);
