@@ -165,17 +165,11 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
     return n > 0 ? (n + plen - 1) / plen : 0;
 }
 
-/* Programmatic dependent launch (sm_90): ak_dec lets its merge be launched
- * while its own blocks still run (the launch latency hides behind them,
- * ak_grid_launch below); the merge waits for ak_dec's grid to complete, its
+/* Programmatic dependent launch (sm_90, gpu_compat.h): ak_dec lets its
+ * merge be launched while its own blocks still run (the launch latency
+ * hides behind them); the merge waits for ak_dec's grid to complete, its
  * writes visible, before it reads the partials. Both are no-ops in a launch
  * without the attribute. */
-static __device__ __forceinline__ void ak_grid_wait()
-{
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 /* One merge: S partials (S, TH, 2) and (S, TH, E) into out (TH, E). unit
  * > 0: ak_dec's partials, only the live ones written (akd_live of the row's
@@ -207,7 +201,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     float *out = m.out;
     /* first: the stream's next kernel waits for this one alone, so this
      * one returns only after ak_dec's grid is complete */
-    ak_grid_wait();
+    gpu_grid_wait();
     if (m.unit) {
         int t = o / m.H;
         int n = m.qsa ? (int)(m.sel_off[t + 1] - m.sel_off[t]) : *m.pos0 + m.T;
@@ -862,13 +856,6 @@ static __device__ __forceinline__ void akd_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* ak_dec: its dependent launch (the merge) may start now (ak_grid_wait). */
-static __device__ __forceinline__ void ak_grid_launch()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 /* ROW_I8C: the word (of 32 codes words of a V row) that lane row g reads
  * in chunk j of Oᵀ: over j and g all 32, and for one j, with the lanes'
@@ -943,7 +930,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     if (a.unit && e_lo >= e_hi)
         return;
     bool direct = a.unit && akd_live(n_ent, a.S, a.unit) == 1;
-    ak_grid_launch();
+    gpu_grid_launch_dependents();
     /* the warp's step i into stage i % NST: the 2·C rows (K rows of its C
      * entries, then their V rows), lane + 32k pointing at row lane + 32k
      * (entry el = lane % C), then all copy. A lane's cell and page id for
@@ -1735,22 +1722,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     fn<<<dim3(S, a.K, Z), 32 * nw, smem, st>>>(a);
     GPU_TRY(gpuGetLastError(), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0, g->sel_off};
-    if (!cf.pdl) {
-        ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
-        GPU_TRY(gpuGetLastError(), err, errlen);
-        return 0;
-    }
-    cudaLaunchConfig_t lc = {};
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.gridDim = dim3(m.TH);
-    lc.blockDim = dim3(32 * AK_MERGE_W);
-    lc.stream = st;
-    lc.attrs = at;
-    lc.numAttrs = 1;
-    GPU_TRY(cudaLaunchKernelEx(&lc, ak_merge, m), err, errlen);
-    GPU_TRY(gpuGetLastError(), err, errlen);
+    GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return 0;
 }
 

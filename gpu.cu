@@ -33,19 +33,16 @@ typedef float4 gf_ads;
 
 /* ==== device helpers ==== */
 
-/* Programmatic dependent launch (sm_90; gf_launch): a kernel's blocks may
- * be resident before the kernel ahead of it has finished, so every kernel
- * of the forward pass starts here: it waits until the kernel ahead has
+/* Every kernel of the forward pass is launched with programmatic dependent
+ * launch (gf_launch) and starts here: it waits until the kernel ahead has
  * finished and its writes show (before any load or store: the one ahead may
  * still read what this one overwrites), then lets the next kernel launch.
  * The gain is the launch latency, hidden behind the tail of the kernel
- * ahead. A no-op elsewhere. */
+ * ahead. */
 static __device__ __forceinline__ void gf_pdl_begin()
 {
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    gpu_grid_wait();
+    gpu_grid_launch_dependents();
 }
 
 static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
@@ -1465,18 +1462,10 @@ template <typename... P, typename... A>
 static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
 {
 #ifdef GPU_CUDA
-    if (gf_pdl_ok()) {
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-        cfg.attrs = &at, cfg.numAttrs = 1;
-        (void)cudaLaunchKernelEx(&cfg, k, (P)args...);   /* an error shows in gpuGetLastError */
-        return;
-    }
+    (void)gpu_launch(k, grid, block, smem, s, gf_pdl_ok(), args...);   /* an error shows in gpuGetLastError */
+#else
+    (void)gpu_launch(k, grid, block, smem, s, 0, args...);
 #endif
-    k<<<grid, block, smem, s>>>((P)args...);
 }
 
 template <int UL>

@@ -154,6 +154,48 @@ static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
 }
 #endif
 
+/* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
+ * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
+ * ahead of it has finished; it must call gpu_grid_wait before it touches
+ * memory the one ahead writes or reads (the wait returns once that kernel
+ * has finished and its writes show). gpu_grid_launch_dependents lets the
+ * kernel behind launch early (it still waits). Elsewhere: no-ops, and
+ * gpu_launch launches plainly. */
+static __device__ __forceinline__ void gpu_grid_wait()
+{
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void gpu_grid_launch_dependents()
+{
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... P, typename... A>
+static inline gpuError_t gpu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int pdl,
+                                    A... args)
+{
+#ifdef GPU_CUDA
+    if (pdl) {
+        cudaLaunchAttribute at = {};
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+        cfg.attrs = &at, cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, k, (P)args...);
+    }
+#else
+    (void)pdl;
+#endif
+    k<<<grid, block, smem, s>>>((P)args...);
+    return gpuGetLastError();
+}
+
 /* The error convention of strata.h for a runtime call. */
 #define GPU_TRY(call, err, errlen)                                                              \
     do {                                                                                        \
