@@ -1786,6 +1786,11 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
         return strata_errf(err, errlen, "GPU context: max_tokens %d", max_tokens);
     if (cfg->n_layer != hp->n_layer || cfg->n_head_kv != hp->n_head_kv || cfg->head_dim != hp->head_dim)
         return strata_errf(err, errlen, "GPU context: the KV cache's shape does not match the model");
+    /* a prompt chunk's expert products are one launch of T·U groups, the grid's second dimension */
+    if ((long)max_tokens * hp->n_expert_used > 65535)
+        return strata_errf(err, errlen, "prompt chunks of %d tokens x %d experts a token are too many for the GPU's "
+                           "expert launch: use --prefill-chunk %d or less", max_tokens, hp->n_expert_used,
+                           65535 / hp->n_expert_used);
     struct gpu_ctx *c = (struct gpu_ctx *)calloc(1, sizeof *c);
     if (!c)
         return strata_errf(err, errlen, "out of memory");

@@ -487,6 +487,22 @@ static void tg_moe(void)
     if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
         return;
     tg_random_model("qwen3moe-synth-Q4_K", path);
+    /* a prompt chunk whose T·U expert groups exceed one launch: a clear error naming the option */
+    struct model *m = NULL;
+    struct tg_gpu t = {0};
+    if (CHECK(model_load(&m, path, err, sizeof err) == 0, "%s", err) &&
+        CHECK(gpu_model_new(&t.g, m, err, sizeof err) == 0, "gpu_model_new: %s", err)) {
+        struct kv_config cfg = {.n_layer = 3, .n_head_kv = 2, .head_dim = 64, .cell = KV_CELL_F16, .n_seq = 1,
+                                .n_ctx = 64, .mem = gpu_kv_mem(t.g)};
+        if (CHECK(kv_new(&t.kv, &cfg, err, sizeof err) == 0, "kv_new: %s", err)) {
+            err[0] = 0;
+            CHECK(gpu_ctx_new(&t.c, t.g, t.kv, 65535 / 4 + 1, err, sizeof err) != 0 &&
+                      strstr(err, "--prefill-chunk 16383") != NULL,
+                  "16,384-token chunks x 4 experts: got \"%s\"", err);
+        }
+    }
+    tg_gpu_close(&t);
+    model_free(m);
     remove(path);
 }
 
