@@ -469,15 +469,17 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
         }
 }
 
-/* ==== the decode matrix-vector kernel (one activation row per group) ====
- * Decode streams every weight byte once, so the kernel is shaped for memory
- * bandwidth: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
+/* ==== the staged decode kernel (one activation row per group) ====
+ * Decode for every type but Q4_K (which has gf_mvk_kernel below) and for
+ * Q4_K rows wider than that kernel takes. Decode streams every weight byte
+ * once: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
  * memory with aligned 16-byte loads (fully coalesced whatever the block
  * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
  * chunk's loads are in flight while its lanes decode the current chunk from
  * shared memory with the unit structs above. A chunk of GF_MV1_CHUNK bytes
  * is one Q4_K row of 4096: the common rows take one or three chunks. On the
- * H200 the loads now keep up and the unit decode bounds it (BENCH.md). */
+ * H200 it is bound by the unit decode and by re-reading the activation from
+ * L1 for every row, not by the loads (BENCH.md). */
 #define GF_MV1_WARPS 8
 #define GF_MV1_R 2
 #define GF_MV1_CHUNK 2304
