@@ -25,8 +25,9 @@
 /* ---- matrix-vector kernels ---- */
 
 /* Each output against the FP64 dot of the dequantised weights with the f32
- * activation (x, or RMSNorm(x)·g or silu(x)·u as the pass forms them). The GPU quantises the activation per 32 values with d =
- * amax/127 stored as f16, so an element moves by at most d/2 + 127·d·2^-11
+ * activation (x, or RMSNorm(x)·gw or silu(x)·u as the pass forms them). The
+ * GPU quantises the activation per 32 values with d = amax/127 stored as
+ * f16, so an element moves by at most d/2 + 127·d·2^-11
  * < 0.57·amax/127; the bound is that times Σ|w| per block, plus 1e-5·Σ|w·x|
  * for f32 summation. quant.c's dot (its own activation type: Q8_K blocks of
  * 256 for K-quants, Q8_0/Q8_1 otherwise) is held to the sum of both bounds. */
@@ -55,10 +56,11 @@ static void tg_matvec_type(int type, int N)
     for (int t = 0; t < TMAX; t++)
         for (int i = 0; i < N; i++) /* blocks of different magnitudes, one all zero */
             x[(size_t)t * N + i] = (i / 32) % 7 == 3 ? 0.0f : test_randf(&seed) * (0.1f + (float)((i / 32) % 5));
-    /* the activation as the pass forms it: x, RMSNorm(x)·g, silu(x)·u */
-    float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N * TMAX), *act = malloc(sizeof(float) * N * TMAX);
+    /* the activation as the pass forms it: x, RMSNorm(x)·gw, silu(x)·u */
+    float *gw = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N * TMAX);
+    float *act = malloc(sizeof(float) * N * TMAX);
     for (int i = 0; i < N; i++)
-        g[i] = 0.5f + test_randf(&seed) * 0.5f;
+        gw[i] = 0.5f + test_randf(&seed) * 0.5f;
     for (int i = 0; i < N * TMAX; i++)
         u[i] = test_randf(&seed);
     static const struct { int T, mode; const char *what; } runs[] = {
@@ -74,12 +76,12 @@ static void tg_matvec_type(int type, int N)
             float scale = 1.0f / sqrtf((float)(ss / N) + 1e-6f);
             for (int i = 0; i < N; i++) {
                 float v = xt[i];
-                act[(size_t)t * N + i] = mode == GPU_TEST_NORM     ? v * scale * g[i]
+                act[(size_t)t * N + i] = mode == GPU_TEST_NORM     ? v * scale * gw[i]
                                          : mode == GPU_TEST_SWIGLU ? v / (1.0f + expf(-v)) * u[(size_t)t * N + i]
                                                                    : v;
             }
         }
-        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, mode, mode == GPU_TEST_NORM ? g : u, y, err,
+        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, mode, mode == GPU_TEST_NORM ? gw : u, y, err,
                                    sizeof err) == 0, "%s", err))
             break;
         double worst = 0, worst_cpu = 0, rms = 0;
@@ -128,7 +130,7 @@ static void tg_matvec_type(int type, int N)
         CHECK(bad == 0, "%s T=%d %s: %d outputs past the bound (worst %.3f of it)", qt->name, T, runs[k].what, bad,
               fmax(worst, worst_cpu));
     }
-    free(w), free(wf), free(x), free(y), free(aq), free(g), free(u), free(act);
+    free(w), free(wf), free(x), free(y), free(aq), free(gw), free(u), free(act);
 }
 
 /* ---- gpu_kv_store against kv_store ---- */
@@ -562,20 +564,17 @@ static void tg_bench_mv(void)
         {"30b expert down", 768, 2048}};
     if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K)"))
         return;
-    static const int types[] = {QT_Q4_K};
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
-        for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
-            char err[256];
-            double bytes = (double)quant_row_bytes(types[t], sh[i].n) * sh[i].rows, us[2];
-            for (int old = 0; old < 2; old++) {
-                setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
-                us[old] = gpu_test_mv_us(types[t], sh[i].n, sh[i].rows, 20, err, sizeof err);
-                CHECK(us[old] > 0, "%s", err);
-            }
-            printf("  %-5s %-16s %5d x %6d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n",
-                   quant_type(types[t])->name, sh[i].what, sh[i].n, sh[i].rows, bytes / 1e6, us[1],
-                   bytes / us[1] / 1e6, us[0], bytes / us[0] / 1e6);
+    for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
+        char err[256];
+        double bytes = (double)quant_row_bytes(QT_Q4_K, sh[i].n) * sh[i].rows, us[2];
+        for (int old = 0; old < 2; old++) {
+            setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
+            us[old] = gpu_test_mv_us(QT_Q4_K, sh[i].n, sh[i].rows, 20, err, sizeof err);
+            CHECK(us[old] > 0, "%s", err);
         }
+        printf("  Q4_K  %-16s %5d x %6d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n", sh[i].what,
+               sh[i].n, sh[i].rows, bytes / 1e6, us[1], bytes / us[1] / 1e6, us[0], bytes / us[0] / 1e6);
+    }
     unsetenv("STRATA_GPU_MV_OLD");
 }
 
