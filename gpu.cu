@@ -1473,13 +1473,18 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
 template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP, per_sm = 0, dev = 0, sms = 0, rt = GF_MVK_SUB * (2 / UL);
+    int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
     void (*k)(gf_mv) = gf_mvk_kernel<UL>;
-    if (gpuGetDevice(&dev) != gpuSuccess || gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, dev) != gpuSuccess ||
-        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0) != gpuSuccess)
-        per_sm = 1, sms = 1;   /* the launch's own error check reports a broken device */
-    int blocks = (sms * per_sm + groups - 1) / groups;
+    /* one device per process: its SMs, and the blocks of each size resident on one, asked once */
+    static int sms, per_sm[GF_MVK_SMAX + 1];
+    int dev = 0, n = 0, b = 0;
+    if (!per_sm[S] && gpuGetDevice(&dev) == gpuSuccess &&
+        gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, dev) == gpuSuccess &&
+        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess && b > 0)
+        sms = n, per_sm[S] = b;
+    /* (a failed query: one block a group; the launch's own error check reports a broken device) */
+    int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
     dim3 grid(blocks < tiles ? blocks : tiles, groups);
     gf_launch(k, grid, threads, 0, s, p);
 }
