@@ -78,6 +78,31 @@ static __device__ __forceinline__ void gf_k4_scale_min(int j, const uint8_t *s, 
  * kernel reads the weights once for all its tokens. aq/ads point at the
  * activation's block that lines up with the weight block. */
 
+/* Σ code·activation over a block of 32: lo[i] holds codes 4i..4i+3, hi[i]
+ * codes 16+4i..16+4i+3, the activation's codes at aq (one chain of dp4a in
+ * a fixed order) */
+static __device__ __forceinline__ int gf_dot32(const int (&lo)[4], const int (&hi)[4], const int8_t *aq)
+{
+    const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+    const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
+    int s = 0;
+    for (int i = 0; i < 4; i++) {
+        s = gpu_dp4a(lo[i], al[i], s);
+        s = gpu_dp4a(hi[i], ah[i], s);
+    }
+    return s;
+}
+
+/* a 4-bit block's code words q as gf_dot32 takes them, with the fifth bits
+ * h of Q5_0/Q5_1 (bit j of h: element j) or none (h = 0) */
+static __device__ __forceinline__ void gf_nibbles(const int (&q)[4], uint32_t h, int (&lo)[4], int (&hi)[4])
+{
+    for (int i = 0; i < 4; i++) {
+        lo[i] = (q[i] & 0x0F0F0F0F) | gf_bit4(h >> (4 * i));
+        hi[i] = ((q[i] >> 4) & 0x0F0F0F0F) | gf_bit4(h >> (16 + 4 * i));
+    }
+}
+
 struct gf_q4_0 {
     enum { BLK = 32, BYTES = 18, UNITS = 1, FLOAT = 0 };
     float d;
@@ -87,13 +112,9 @@ struct gf_q4_0 {
         for (int i = 0; i < 4; i++) q[i] = gf_ld32h(bx + 2 + 4 * i);
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
-        const int lo[4] = {a0.x, a0.y, a0.z, a0.w}, hi[4] = {a1.x, a1.y, a1.z, a1.w};
-        int s = 0;
-        for (int i = 0; i < 4; i++) {
-            s = gpu_dp4a(q[i] & 0x0F0F0F0F, lo[i], s);
-            s = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, hi[i], s);
-        }
+        int lo[4], hi[4];
+        gf_nibbles(q, 0, lo, hi);
+        int s = gf_dot32(lo, hi, aq);
         gf_ads a = ads[0];
         return d * a.x * (float)(s - 8 * (int)a.z);
     }
@@ -109,13 +130,9 @@ struct gf_q4_1 {
         for (int i = 0; i < 4; i++) q[i] = ((const int *)(bx + 4))[i];
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
-        const int lo[4] = {a0.x, a0.y, a0.z, a0.w}, hi[4] = {a1.x, a1.y, a1.z, a1.w};
-        int s = 0;
-        for (int i = 0; i < 4; i++) {
-            s = gpu_dp4a(q[i] & 0x0F0F0F0F, lo[i], s);
-            s = gpu_dp4a((q[i] >> 4) & 0x0F0F0F0F, hi[i], s);
-        }
+        int lo[4], hi[4];
+        gf_nibbles(q, 0, lo, hi);
+        int s = gf_dot32(lo, hi, aq);
         gf_ads a = ads[0];
         return d * a.x * (float)s + m * a.y;
     }
@@ -127,21 +144,13 @@ struct gf_q5_0 {
     int lo[4], hi[4];
     __device__ void load(const uint8_t *bx, int) {
         d = gf_h2f(gf_ld16(bx));
-        uint32_t h = (uint32_t)gf_ld32h(bx + 2);
-        for (int i = 0; i < 4; i++) {
-            int q = gf_ld32h(bx + 6 + 4 * i);
-            lo[i] = (q & 0x0F0F0F0F) | gf_bit4(h >> (4 * i));
-            hi[i] = ((q >> 4) & 0x0F0F0F0F) | gf_bit4(h >> (16 + 4 * i));
-        }
+        int q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = gf_ld32h(bx + 6 + 4 * i);
+        gf_nibbles(q, (uint32_t)gf_ld32h(bx + 2), lo, hi);
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
-        const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
-        int s = 0;
-        for (int i = 0; i < 4; i++) {
-            s = gpu_dp4a(lo[i], al[i], s);
-            s = gpu_dp4a(hi[i], ah[i], s);
-        }
+        int s = gf_dot32(lo, hi, aq);
         gf_ads a = ads[0];
         return d * a.x * (float)(s - 16 * (int)a.z);
     }
@@ -154,21 +163,13 @@ struct gf_q5_1 {
     __device__ void load(const uint8_t *bx, int) {
         d = gf_h2f(gf_ld16(bx));
         m = gf_h2f(gf_ld16(bx + 2));
-        uint32_t h = *(const uint32_t *)(bx + 4);
-        for (int i = 0; i < 4; i++) {
-            int q = ((const int *)(bx + 8))[i];
-            lo[i] = (q & 0x0F0F0F0F) | gf_bit4(h >> (4 * i));
-            hi[i] = ((q >> 4) & 0x0F0F0F0F) | gf_bit4(h >> (16 + 4 * i));
-        }
+        int q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = ((const int *)(bx + 8))[i];
+        gf_nibbles(q, *(const uint32_t *)(bx + 4), lo, hi);
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
-        const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
-        int s = 0;
-        for (int i = 0; i < 4; i++) {
-            s = gpu_dp4a(lo[i], al[i], s);
-            s = gpu_dp4a(hi[i], ah[i], s);
-        }
+        int s = gf_dot32(lo, hi, aq);
         gf_ads a = ads[0];
         return d * a.x * (float)s + m * a.y;
     }
