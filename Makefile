@@ -34,13 +34,15 @@ ifeq ($(GPU),cuda)
   # attn_hip.hip's kernels without matrix cores serve CUDA cards too
   GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip)
   # machine code for each CUDA_ARCH, and PTX of the newest for later cards;
-  # the runtime linked statically, so the binary starts without a driver
+  # the runtime linked statically, so the binary starts without a driver;
+  # cuBLAS is opened at run time where present (gpu_gemm.cu), hence -ldl
   GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
     -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
     -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -D_GNU_SOURCE
   GPU_COMPILE = $(NVCC) $(GPU_FLAGS) -x cu -c -o $@ $<
   LINK := $(NVCC) -cudart static
   LINK_FLAGS := -O2
+  LDLIBS += -ldl
 else ifeq ($(GPU),hip)
   B := $(B)-hip
   CFLAGS += -DSTRATA_GPU

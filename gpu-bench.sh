@@ -7,7 +7,7 @@
 #
 #   make GPU=cuda CUDA_ARCH=90 MARCH=x86-64-v3 B=build-gpu build-gpu/test build-gpu/strata.o
 #   mkdir -p carry/gpu/testdata && cp build-gpu/test carry/gpu/ &&
-#   nvcc -cudart static -o carry/gpu/strata $(ls build-gpu/*.o | grep -v /test) -lm -lpthread &&
+#   nvcc -cudart static -o carry/gpu/strata $(ls build-gpu/*.o | grep -v /test) -lm -lpthread -ldl &&
 #   cp ../shared/testdata/tiny-qwen3-Q4_K_M.gguf carry/gpu/testdata/
 #
 # (64 MiB travel with a run, the working tree included: one tiny model; the
@@ -15,9 +15,12 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
-# (each model step writes its model to /tmp, benchmarks it and deletes it).
+# (each model step writes its model to /tmp, benchmarks it and deletes it),
+# sweep (the 8B Q4_K model's tg128 and pp4096 once for each environment
+# setting in SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1").
 # STRATA=path runs another strata binary; BUDGET=s skips the steps that would
-# start after s seconds (a run has a time limit).
+# start after s seconds (a run has a time limit). The test log goes to $OUT
+# when that is set (the device tool's folder that comes back).
 set -u
 D=$1
 shift
@@ -25,6 +28,13 @@ T=${TMPDIR:-/tmp}
 S=${STRATA:-$D/strata}
 BUDGET=${BUDGET:-86400}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+# gpu_gemm.cu opens cuBLAS at run time: from the loader's path, else from
+# wherever a toolkit or a Python wheel put it
+if ! ldconfig -p | grep -q 'libcublas\.so\.[0-9]'; then
+    lib=$(find /usr /opt /root /home -name 'libcublas.so.[0-9]*' 2>/dev/null | head -n 1)
+    [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+echo "cuBLAS: ${lib:-$(ldconfig -p | grep -o '/[^ ]*libcublas\.so\.[0-9]*' | head -n 1)}"
 
 bench_model() { # name shape type
     local m=$T/$1.gguf t0=$SECONDS
@@ -43,6 +53,17 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
+sweep() { # tg128 and pp4096 (chunk 2048) of the 8B Q4_K model per setting in SWEEP
+    local m=$T/q8b-q4k.gguf
+    $S synth --shape qwen3-8b --type q4_k -o "$m" >/dev/null || return
+    for e in ${SWEEP:-}; do
+        echo "-- $e"
+        env "$e" $S bench -m "$m" --device gpu -p 4096 -n 128 -r 5 -c 4352 --prefill-chunk 2048 2>/dev/null |
+            grep -E '^(prompt|decode)'
+    done
+    rm -f "$m"
+}
+
 for step in "$@"; do
     if ((SECONDS > BUDGET)); then
         echo "== $step skipped: past the budget of $BUDGET s"
@@ -52,12 +73,14 @@ for step in "$@"; do
     tests) # every failure with the lines before it, then the count
         STRATA_TESTDATA=$D/testdata "$D/test" gpu/ >"$T/tests.log" 2>&1
         grep -B6 '^FAIL' "$T/tests.log"
+        [ -n "${OUT:-}" ] && cp "$T/tests.log" "$OUT/"
         tail -n 1 "$T/tests.log" ;;
     profile) STRATA_GPU_BENCH=1 "$D/test" gpu/bench 2>&1 | tail -n 8 ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
+    sweep) sweep ;;
     *) echo "gpu-bench.sh: unknown step $step" >&2; exit 2 ;;
     esac
 done

@@ -3,7 +3,9 @@
  * with W kept in its GGUF block format and dequantised inside the kernel
  * (gpu_quant.h), for every type gq_supported lists.
  *
- * Two kernels, one choice (gg_run): on sm_80+ (CUDA) tensor cores, mma.sync
+ * One choice (gg_run) among three paths: from 64 tokens, where the CUDA
+ * toolkit's cuBLAS can be loaded at run time, W dequantised to f16 and
+ * cuBLAS's gemm (gg_blas_run); else on sm_80+ (CUDA) tensor cores, mma.sync
  * m16n8k16 with f16 inputs and f32 accumulation — the activations rounded to
  * f16 once into the caller's scratch, the raw weight blocks streamed into
  * shared memory and dequantised there to f16 tiles, four k-tiles in flight,
@@ -11,16 +13,23 @@
  * grid is too small to fill the device; elsewhere (older cards,
  * HIP, shapes the mma kernel does not tile, or STRATA_GEMM_PORTABLE=1) a
  * tiled f32 kernel without matrix units. Must not: allocate, synchronise, or
- * keep state between calls (so gpu.cu can capture the launches in a graph).
+ * keep state between calls (so gpu.cu can capture the launches in a graph),
+ * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
- * Numerics of the mma path: f16 activations and weights (relative rounding
+ * Numerics of the cuBLAS and mma paths: f16 activations and weights (relative rounding
  * 2^-11 each), f32 sums; |x| and |w| must stay below f16's 65504.
  */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "gpu.h"
 #include "gpu_compat.h"
 #include "gpu_quant.h"
+#ifdef GPU_CUDA
+#include <cublas_v2.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#endif
 
 #define GG_BK 32        /* k per shared tile */
 #define GG_THREADS 256
@@ -53,9 +62,32 @@ static __device__ __forceinline__ void gg_wchunk(const uint8_t *row, int i16, in
     }
 }
 
-/* One thread per 16 elements: y (rows, n) = W dequantised. */
-template <int TYPE>
-__global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, float *y, size_t ldy)
+/* One thread per 16 elements: y (rows, n) = W dequantised, as f32 or, for
+ * the vendor gemm (gg_blas_run), f16 rounded to nearest (two 16-byte stores
+ * a thread: ldy a multiple of 16 there). */
+static __device__ __forceinline__ void gg_store16(float *dst, const float f[16], int m)
+{
+    for (int j = 0; j < m; j++)
+        dst[j] = f[j];
+}
+
+static __device__ __forceinline__ void gg_store16(__half *dst, const float f[16], int m)
+{
+    if (m < 16) {
+        for (int j = 0; j < m; j++)
+            dst[j] = __float2half_rn(f[j]);
+        return;
+    }
+    __half2 h[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        h[j] = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+    ((int4 *)dst)[0] = *(const int4 *)&h[0];
+    ((int4 *)dst)[1] = *(const int4 *)&h[4];
+}
+
+template <int TYPE, class O>
+__global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, O *y, size_t ldy)
 {
     int c16 = (n + 15) / 16;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -64,11 +96,7 @@ __global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, float 
     int r = (int)(i / c16), i16 = (int)(i % c16);
     float f[16];
     gg_wchunk<TYPE>(w + (size_t)r * ldw, i16, n, f);
-    float *dst = y + (size_t)r * ldy + 16 * i16;
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-        if (16 * i16 + j < n)
-            dst[j] = f[j];
+    gg_store16(y + (size_t)r * ldy + 16 * i16, f, min(16, n - 16 * i16));
 }
 
 /* ==== portable tiled kernel: f32, no matrix units ==== */
@@ -478,6 +506,101 @@ static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
+
+/* ==== the vendor gemm: cuBLAS, loaded at run time ====
+ * For prompts of GG_BLAS_MIN_T tokens or more, W is dequantised to f16 in
+ * the scratch, GG_SLAB weights at a time, and cuBLAS multiplies the f16
+ * rows with f32 sums: the numerics of gg_mma (f16 operands, f32 sums), at
+ * the matrix rate of the vendor's Hopper kernels (wgmma), which gg_mma's
+ * mma.sync does not reach (BENCH.md). The library is opened with dlopen, so
+ * the binary has no link-time dependency on it: where libcublas.so.<major
+ * of the build's toolkit> is not on the loader's path, or with
+ * STRATA_GEMM_BLAS=0, the kernels above serve. One handle per process,
+ * made at the first use (gpu_gemm_scratch_bytes, called when a context is
+ * made) and used under a lock: the stream is set per call. */
+#define GG_BLAS_MIN_T 64
+#define GG_SLAB ((size_t)64 << 20)
+#define GG_STR2(x) #x
+#define GG_STR(x) GG_STR2(x)
+
+/* cublasGemmEx's C entry (the header adds a C++ overload) */
+typedef cublasStatus_t (*gg_gemm_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                     const void *, const void *, cudaDataType, int, const void *, cudaDataType,
+                                     int, const void *, void *, cudaDataType, int, cublasComputeType_t,
+                                     cublasGemmAlgo_t);
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t lock;
+    cublasHandle_t h;
+    decltype(&cublasSetStream_v2) set_stream;
+    gg_gemm_fn gemm;
+} gg_blas = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL};
+
+static void gg_blas_open(void)
+{
+    void *lib = dlopen("libcublas.so." GG_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return;
+    decltype(&cublasCreate_v2) create = (decltype(&cublasCreate_v2))dlsym(lib, "cublasCreate_v2");
+    gg_blas.set_stream = (decltype(&cublasSetStream_v2))dlsym(lib, "cublasSetStream_v2");
+    gg_blas.gemm = (gg_gemm_fn)dlsym(lib, "cublasGemmEx");
+    if (!create || !gg_blas.set_stream || !gg_blas.gemm || create(&gg_blas.h) != CUBLAS_STATUS_SUCCESS)
+        gg_blas.h = NULL;   /* (the library stays loaded: a handle may hold its memory) */
+}
+
+/* Whether the vendor gemm takes this shape (f16 rows of n a multiple of 16,
+ * T large enough) and is loaded; the scratch is sized by this. */
+static int gg_blas_fits(int n, int T)
+{
+    if (T < GG_BLAS_MIN_T || n % 16)
+        return 0;
+    pthread_once(&gg_blas.once, gg_blas_open);
+    return gg_blas.h != NULL;
+}
+
+/* ... and serves this call: not turned off by STRATA_GEMM_BLAS=0 */
+static int gg_blas_ok(int n, int T)
+{
+    const char *env = getenv("STRATA_GEMM_BLAS");
+    return !(env && env[0] == '0') && gg_blas_fits(n, T);
+}
+
+/* rows dequantised at once: all of them up to GG_SLAB weights, else a
+ * multiple of 256 (aligned output columns) */
+static int gg_slab_rows(int n, int rows)
+{
+    size_t r = GG_SLAB / (size_t)n;
+    return (size_t)rows <= r ? rows : (int)(r > 256 ? r & ~(size_t)255 : 256);
+}
+
+template <int TYPE>
+static int gg_blas_run(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
+                       size_t ldy, void *scratch, gpuStream_t st, char *err, size_t errlen)
+{
+    __half *wh = (__half *)((char *)scratch + gg_xh_bytes(n, T));
+    int slab = gg_slab_rows(n, rows);
+    const float one = 1.0f, zero = 0.0f;
+    for (int r0 = 0; r0 < rows; r0 += slab) {
+        int nr = min(slab, rows - r0);
+        size_t threads = (size_t)nr * (n / 16);
+        gg_dequant<TYPE><<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(w + (size_t)r0 * ldw, ldw, n, nr, wh,
+                                                                              (size_t)n);
+        GPU_TRY(gpuGetLastError(), err, errlen);
+        /* column-major: y[r0.., T] (nr x T, ldy) = whᵀ (nr x n) · xh (n x T) */
+        pthread_mutex_lock(&gg_blas.lock);
+        cublasStatus_t rc = gg_blas.set_stream(gg_blas.h, st);
+        if (rc == CUBLAS_STATUS_SUCCESS)
+            rc = gg_blas.gemm(gg_blas.h, CUBLAS_OP_T, CUBLAS_OP_N, nr, T, n, &one, wh, CUDA_R_16F, n, xh,
+                              CUDA_R_16F, n, &zero, y + r0, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT);
+        pthread_mutex_unlock(&gg_blas.lock);
+        if (rc != CUBLAS_STATUS_SUCCESS)
+            return strata_errf(err, errlen, "gpu_gemm: cuBLAS gemm failed (status %d; STRATA_GEMM_BLAS=0 "
+                               "uses Strata's own kernels)", (int)rc);
+    }
+    return 0;
+}
 #endif /* GPU_CUDA */
 
 /* ==== dispatch ==== */
@@ -506,12 +629,15 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
     const struct quant_type *qt = quant_type(TYPE);
     if (qt->blck != gg_blck(TYPE) || (int)qt->size != gg_bsize(TYPE))
         return strata_errf(err, errlen, "gpu_gemm: %s's layout differs from quant.c's", qt->name);
-    if (gg_use_mma() && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0 &&
+    int mma = gg_use_mma(), blas = mma && gg_blas_ok(n, T) && ldy <= INT_MAX;
+    if ((blas || (mma && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0)) &&
         ((uintptr_t)x & 7) == 0) {
         __half *xh = (__half *)scratch;
         size_t pairs = (size_t)T * n / 2; /* n is even here */
         gg_to_half<<<(unsigned)((pairs + 255) / 256), 256, 0, st>>>((const float2 *)x, pairs, (__half2 *)xh);
         GPU_TRY(gpuGetLastError(), err, errlen);
+        if (blas)
+            return gg_blas_run<TYPE>(w, ldw, n, rows, xh, T, y, ldy, scratch, st, err, errlen);
         /* the 256-token tile above 1024 tokens, and from 512 where the 128-token
          * tile's grid would leave half the SMs idle (k and v at 512 tokens, split
          * 8 ways: 88-94 TFLOP/s on the H200 against 49-62 with 128-token tiles) */
@@ -546,7 +672,10 @@ size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T)
 {
     (void)type;
 #ifdef GPU_CUDA
-    return gg_xh_bytes(n, T) + gg_part_bytes(rows, T);
+    size_t after = gg_part_bytes(rows, T);
+    if (gg_blas_fits(n, T))
+        after = max(after, (size_t)gg_slab_rows(n, rows) * n * sizeof(__half));
+    return gg_xh_bytes(n, T) + after;
 #else
     (void)n, (void)rows, (void)T;
     return 0;
@@ -556,6 +685,15 @@ size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T)
 int gpu_gemm_supports(int type)
 {
     return gq_supported(type);
+}
+
+int gpu_gemm_blas(void)
+{
+#ifdef GPU_CUDA
+    return gg_blas_fits(16, GG_BLAS_MIN_T);
+#else
+    return 0;
+#endif
 }
 
 /* The type switch: F(TYPE) for each type gq_supported lists. */

@@ -247,19 +247,24 @@ struct tg_worst {
     double nerr, maxabs;
 };
 
-/* The kernels a case runs: gpu_gemm's own choice (these small grids take
- * split-K where n has two supersteps or more); the tiled f32 kernel
+/* The kernels a case runs: gpu_gemm's own choice (cuBLAS from 64 tokens
+ * where it is loaded; these small grids take split-K where n has two
+ * supersteps or more); the choice among Strata's own kernels
+ * (STRATA_GEMM_BLAS=0, as all the rest); the tiled f32 kernel
  * (STRATA_GEMM_PORTABLE=1); and on sm_80+ the 256-token tile that the
  * choice takes above 1024 tokens or for small grids (STRATA_GEMM_BM=256),
  * and the choice without split-K (STRATA_GEMM_SPLIT=1), as large grids run. */
-enum { TG_DEFAULT, TG_TILED, TG_BM256, TG_NOSPLIT, TG_KERNELS };
-static const char *const tg_kname[TG_KERNELS] = {"default", "tiled", "bm256", "nosplit"};
+enum { TG_DEFAULT, TG_OWN, TG_TILED, TG_BM256, TG_NOSPLIT, TG_KERNELS };
+static const char *const tg_kname[TG_KERNELS] = {"default", "own", "tiled", "bm256", "nosplit"};
 
 static void tg_kernel_env(int kernel)
 {
+    unsetenv("STRATA_GEMM_BLAS");
     unsetenv("STRATA_GEMM_PORTABLE");
     unsetenv("STRATA_GEMM_BM");
     unsetenv("STRATA_GEMM_SPLIT");
+    if (kernel != TG_DEFAULT)
+        setenv("STRATA_GEMM_BLAS", "0", 1);
     if (kernel == TG_NOSPLIT)
         setenv("STRATA_GEMM_SPLIT", "1", 1);
     if (kernel == TG_TILED)
@@ -330,7 +335,7 @@ static void tg_gemm_type(int ti)
         return;
     static const int Ts[] = {1, 7, 16, 50, 100, 512}, ns[] = {256, 4096}, rowss[] = {64, 1000};
     const int maxT = 512, maxrows = 1000;
-    struct tg_worst worst[TG_KERNELS] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+    struct tg_worst worst[TG_KERNELS] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}};
     unsigned st = 77u + 31u * (unsigned)ti;
     for (int ni = 0; ni < 2; ni++) {
         int n = ns[ni];
@@ -357,7 +362,7 @@ static void tg_gemm_type(int ti)
                     struct tg_ref rj = {x, deq, n, rows, ref};
                     tg_parallel(T, tg_ref_token, &rj);
                     for (int kernel = 0; kernel < TG_KERNELS; kernel++)
-                        if ((kernel != TG_BM256 && kernel != TG_NOSPLIT) || T >= 100)
+                        if ((kernel != TG_BM256 && kernel != TG_NOSPLIT && kernel != TG_OWN) || T >= 100)
                             tg_one(qt->name, kernel, type, dw, ldw, n, rows, dx, T, ref, dy, scratch, y,
                                    &worst[kernel]);
                 }
@@ -372,10 +377,11 @@ static void tg_gemm_type(int ti)
         free(w);
         free(deq);
     }
-    printf("  %-7s nerr (max abs): default %.2e (%.1e), bm256 %.2e (%.1e), nosplit %.2e (%.1e) [bound %.0e]; "
-           "tiled %.2e (%.1e) [bound %.0e]\n", qt->name, worst[TG_DEFAULT].nerr, worst[TG_DEFAULT].maxabs,
-           worst[TG_BM256].nerr, worst[TG_BM256].maxabs, worst[TG_NOSPLIT].nerr, worst[TG_NOSPLIT].maxabs,
-           TG_BOUND_MMA, worst[TG_TILED].nerr, worst[TG_TILED].maxabs, TG_BOUND_F32);
+    printf("  %-7s nerr (max abs): default%s %.2e (%.1e), own %.2e (%.1e), bm256 %.2e (%.1e), nosplit %.2e (%.1e) "
+           "[bound %.0e]; tiled %.2e (%.1e) [bound %.0e]\n", qt->name, gpu_gemm_blas() ? " (cuBLAS from 64 tokens)" :
+           " (no cuBLAS)", worst[TG_DEFAULT].nerr, worst[TG_DEFAULT].maxabs, worst[TG_OWN].nerr,
+           worst[TG_OWN].maxabs, worst[TG_BM256].nerr, worst[TG_BM256].maxabs, worst[TG_NOSPLIT].nerr,
+           worst[TG_NOSPLIT].maxabs, TG_BOUND_MMA, worst[TG_TILED].nerr, worst[TG_TILED].maxabs, TG_BOUND_F32);
 }
 
 /* ==== timings: the Qwen3-8B matrices ==== */
@@ -399,14 +405,18 @@ static double tg_devdiff(const void *da, const void *db, size_t count)
     return sr > 0 ? sqrt(se / sr) : INFINITY;
 }
 
-/* Median of 7 event-timed calls per shape, for gpu_gemm's own choice, the
- * other block height (STRATA_GEMM_BM) and no split-K (STRATA_GEMM_SPLIT=1);
+/* Median of 7 event-timed calls per shape, for gpu_gemm's choice (cuBLAS
+ * where loaded), and with STRATA_GEMM_BLAS=0 its choice among Strata's own
+ * kernels, the other block height (STRATA_GEMM_BM) and no split-K
+ * (STRATA_GEMM_SPLIT=1);
  * 790 TFLOP/s: cuBLAS bf16 measured on the same card. The weight rows are 64 fresh
  * quantised rows repeated (the values do not change the work); x is random.
  * At T = 4096 on the largest shape the default output is checked against
  * the tiled f32 kernel's. 990 TFLOP/s: the H200's dense f16 peak
  * (datasheet). Per Qwen3-8B layer: q, o (4096 -> 4096), k, v (-> 1024),
  * gate, up (-> 12288), down (12288 -> 4096); 36 layers. */
+#define TG_NV 4
+
 static void tg_bench(void)
 {
     if (!test_begin_gpu("gpu/gemm/bench-8b"))
@@ -420,7 +430,7 @@ static void tg_bench(void)
     for (int bi = 0; bi < 3; bi++) {
         int type = btypes[bi];
         const char *tn = quant_type(type)->name;
-        double layer_ms[2] = {0, 0}, layer_best[2] = {0, 0};
+        double layer_ms[2] = {0, 0}, layer_own[2] = {0, 0}, layer_best[2] = {0, 0};
         for (int si = 0; si < 4; si++) {
             int n = shapes[si][0], rows = shapes[si][1];
             uint8_t *w0, *w;
@@ -441,16 +451,20 @@ static void tg_bench(void)
             if (CHECK(dw && dx && dy && dy2 && scratch, "out of memory"))
                 for (int ti = 0; ti < 2; ti++) {
                     int T = Ts[ti];
-                    /* gpu_gemm's choice; the other block height; split-K off */
-                    static const char *const vname[3] = {"default", "alt bm", "nosplit"};
-                    double ms[3];
-                    for (int v = 0; v < 3; v++) {
-                        if (v == 1)
-                            setenv("STRATA_GEMM_BM", T > 1024 ? "128" : "256", 1);
+                    /* gpu_gemm's choice; its choice among Strata's kernels; the other block height;
+                     * split-K off */
+                    static const char *const vname[TG_NV] = {"default", "own", "own alt bm", "own nosplit"};
+                    double ms[TG_NV];
+                    for (int v = 0; v < TG_NV; v++) {
+                        if (v > 0)
+                            setenv("STRATA_GEMM_BLAS", "0", 1);
                         if (v == 2)
+                            setenv("STRATA_GEMM_BM", T > 1024 ? "128" : "256", 1);
+                        if (v == 3)
                             setenv("STRATA_GEMM_SPLIT", "1", 1);
                         ms[v] = gpu_gemm_test_ms(type, dw, ldw, n, rows, dx, T, dy, rows, scratch, 7, err,
                                                  sizeof err);
+                        unsetenv("STRATA_GEMM_BLAS");
                         unsetenv("STRATA_GEMM_BM");
                         unsetenv("STRATA_GEMM_SPLIT");
                         if (!CHECK(ms[v] > 0, "%s timing: %s", tn, err))
@@ -460,11 +474,12 @@ static void tg_bench(void)
                                "%4.1f%% of 790)\n", tn, T, n, rows, vname[v], ms[v], tf, 100 * tf * 1e12 / peak,
                                100 * tf / 790);
                     }
-                    if (ms[0] > 0 && ms[1] > 0 && ms[2] > 0) {
-                        double best = ms[0];
-                        for (int v = 1; v < 3; v++)
+                    if (ms[0] > 0 && ms[1] > 0 && ms[2] > 0 && ms[3] > 0) {
+                        double best = ms[1];
+                        for (int v = 2; v < TG_NV; v++)
                             best = ms[v] < best ? ms[v] : best;
                         layer_ms[ti] += shapes[si][2] * ms[0];
+                        layer_own[ti] += shapes[si][2] * ms[1];
                         layer_best[ti] += shapes[si][2] * best;
                     }
                     if (si == 0 && T == 4096) { /* the default result at scale against the f32 kernel */
@@ -492,9 +507,10 @@ static void tg_bench(void)
         }
         for (int ti = 0; ti < 2; ti++)
             if (layer_ms[ti] > 0)
-                printf("  bench %-4s T=%-4d 36 Qwen3-8B layers' matrices: %.1f ms -> %.0f tok/s (best variant per "
-                       "shape: %.0f tok/s; matrices only)\n", tn, Ts[ti], 36 * layer_ms[ti],
-                       Ts[ti] / (36 * layer_ms[ti] * 1e-3), Ts[ti] / (36 * layer_best[ti] * 1e-3));
+                printf("  bench %-4s T=%-4d 36 Qwen3-8B layers' matrices: %.1f ms -> %.0f tok/s (own kernels: %.0f "
+                       "tok/s, best own variant per shape: %.0f tok/s; matrices only)\n", tn, Ts[ti],
+                       36 * layer_ms[ti], Ts[ti] / (36 * layer_ms[ti] * 1e-3), Ts[ti] / (36 * layer_own[ti] * 1e-3),
+                       Ts[ti] / (36 * layer_best[ti] * 1e-3));
     }
 }
 
