@@ -165,7 +165,8 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
     return n > 0 ? (n + plen - 1) / plen : 0;
 }
 
-/* Programmatic dependent launch (sm_90, gpu_compat.h): ak_dec lets its
+/* Programmatic dependent launch (sm_90, gpu_compat.h): ak_dec is launched
+ * while the kernel ahead still runs and waits for it first; it lets its
  * merge be launched while its own blocks still run (the launch latency
  * hides behind them); the merge waits for ak_dec's grid to complete, its
  * writes visible, before it reads the partials. Both are no-ops in a launch
@@ -907,6 +908,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     constexpr int SP = 32 / MC; /* steps whose pages (one per 16-entry half) a register holds */
     extern __shared__ __align__(16) uint8_t ak_smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    gpu_grid_wait();   /* (launched early: q, the K/V rows and a QSA list come from the kernels ahead) */
     int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
     uint8_t *ring = ak_smem + (size_t)w * NST * SH::STAGE;
     const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 2 * C;
@@ -1606,8 +1608,8 @@ static void akd_pick(int E, int nb, int nst, int c, ak_fn *fn, int *smem, int *n
 /* How ak_launch_dec runs: ring stages (akd_pick), blocks per SM in the
  * grid (0: as many as are resident at once, one wave), partitions sized on
  * the device from the live entries (dyn; 0: by max_cells alone, every
- * partition written), the merge launched as a programmatic dependent (pdl,
- * sm_90 only), the merge's carveout at most shared memory too (mc), page
+ * partition written), ak_dec and the merge launched as programmatic
+ * dependents (pdl, sm_90 only), the merge's carveout at most shared memory too (mc), page
  * ids 32 steps ahead in registers (pgreg), int8 rows unpadded (i8c: ROW_I8C,
  * E = 128, dense and QSA in one order, dense runs copied in 16-byte
  * pieces), entries per warp step (c: 16, or 32 for E = 128); i8c < 0 and
@@ -1719,8 +1721,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         said_fn = fn;
         said_S = S;
     }
-    fn<<<dim3(S, a.K, Z), 32 * nw, smem, st>>>(a);
-    GPU_TRY(gpuGetLastError(), err, errlen);
+    GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0, g->sel_off};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return 0;

@@ -14,10 +14,13 @@
 # synthetic models get synth's own plain vocabulary.)
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
-# an 8B Q4_K decode step), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
+# an 8B Q4_K decode step; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
+# Q4_K decode kernels alone), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
-# sweep (the 8B Q4_K model's tg128 and pp4096 once for each environment
-# setting in SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1").
+# sweep (a model's tg128 and pp4096 once for each environment setting in
+# SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
+# SWEEP_SHAPE, default qwen3-8b, SWEEP_TYPE, default q4_k; SWEEP_P prompt
+# tokens, default 4096).
 # STRATA=path runs another strata binary; BUDGET=s skips the steps that would
 # start after s seconds (a run has a time limit). The test log goes to $OUT
 # when that is set (the device tool's folder that comes back).
@@ -53,13 +56,14 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
-sweep() { # tg128 and pp4096 (chunk 2048) of the 8B Q4_K model per setting in SWEEP
-    local m=$T/q8b-q4k.gguf
-    $S synth --shape qwen3-8b --type q4_k -o "$m" >/dev/null || return
+sweep() { # tg128 and a prompt (chunk 2048) of a model per setting in SWEEP
+    local m=$T/sweep.gguf shape=${SWEEP_SHAPE:-qwen3-8b} p=${SWEEP_P:-4096}
+    $S synth --shape $shape --type ${SWEEP_TYPE:-q4_k} -o "$m" >/dev/null || return
+    echo "== sweep: $shape ${SWEEP_TYPE:-q4_k}, pp$p then tg128"
     for e in ${SWEEP:-}; do
         echo "-- $e"
-        env "$e" $S bench -m "$m" --device gpu -p 4096 -n 128 -r 5 -c 4352 --prefill-chunk 2048 2>/dev/null |
-            grep -E '^(prompt|decode)'
+        env ${e//+/ } $S bench -m "$m" --device gpu -p $p -n 128 -r 5 -c $((p + 256)) --prefill-chunk 2048 \
+            2>/dev/null | grep -E '^(prompt|decode) '
     done
     rm -f "$m"
 }
@@ -76,6 +80,8 @@ for step in "$@"; do
         [ -n "${OUT:-}" ] && cp "$T/tests.log" "$OUT/"
         tail -n 1 "$T/tests.log" ;;
     profile) STRATA_GPU_BENCH=1 "$D/test" gpu/bench 2>&1 | tail -n 8 ;;
+    profile-moe) STRATA_GPU_BENCH=moe "$D/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
+    mv) STRATA_GPU_BENCH=mv "$D/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
