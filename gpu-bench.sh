@@ -11,7 +11,9 @@
 #   cp ../shared/testdata/tiny-qwen3-Q4_K_M.gguf carry/gpu/testdata/
 #
 # (64 MiB travel with a run, the working tree included: one tiny model; the
-# synthetic models get synth's own plain vocabulary.)
+# synthetic models get synth's own plain vocabulary. DIR/strata.gz and
+# DIR/test.gz, gzip -9 of the stripped binaries, take 5 MB each instead of 13,
+# so that both tiny models fit; they are unpacked to $TMPDIR.)
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
@@ -28,7 +30,12 @@ set -u
 D=$1
 shift
 T=${TMPDIR:-/tmp}
-S=${STRATA:-$D/strata}
+B=$D   # the binaries
+if [ -f "$D/test.gz" ]; then
+    B=$T/strata-bin
+    mkdir -p "$B" && for f in strata test; do gunzip -c "$D/$f.gz" >"$B/$f" && chmod +x "$B/$f"; done
+fi
+S=${STRATA:-$B/strata}
 BUDGET=${BUDGET:-86400}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
 # gpu_gemm.cu opens cuBLAS at run time: from the loader's path, else from
@@ -75,13 +82,13 @@ for step in "$@"; do
     fi
     case $step in
     tests) # every failure with the lines before it, then the count
-        STRATA_TESTDATA=$D/testdata "$D/test" gpu/ >"$T/tests.log" 2>&1
+        STRATA_TESTDATA=$D/testdata "$B/test" gpu/ >"$T/tests.log" 2>&1
         grep -B6 '^FAIL' "$T/tests.log"
         [ -n "${OUT:-}" ] && cp "$T/tests.log" "$OUT/"
         tail -n 1 "$T/tests.log" ;;
-    profile) STRATA_GPU_BENCH=1 "$D/test" gpu/bench 2>&1 | tail -n 8 ;;
-    profile-moe) STRATA_GPU_BENCH=moe "$D/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
-    mv) STRATA_GPU_BENCH=mv "$D/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
+    profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | tail -n 8 ;;
+    profile-moe) STRATA_GPU_BENCH=moe "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
+    mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
