@@ -1241,8 +1241,10 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 } else {
                     /* ROW_I8C: word akd_vword(j, g) of the row (bank order) */
                     const uint8_t *vb = vr + 4 + (ROW == ROW_I8C ? 4 * akd_vword(j, g) : 32 * j + 4 * g);
-                    uint32_t w0 = *(const uint32_t *)(vb + (2 * t4) * VS), w1 = *(const uint32_t *)(vb + (2 * t4 + 1) * VS);
-                    uint32_t w8 = *(const uint32_t *)(vb + (2 * t4 + 8) * VS), w9 = *(const uint32_t *)(vb + (2 * t4 + 9) * VS);
+                    uint32_t w0 = *(const uint32_t *)(vb + (2 * t4) * VS);
+                    uint32_t w1 = *(const uint32_t *)(vb + (2 * t4 + 1) * VS);
+                    uint32_t w8 = *(const uint32_t *)(vb + (2 * t4 + 8) * VS);
+                    uint32_t w9 = *(const uint32_t *)(vb + (2 * t4 + 9) * VS);
                     akd_i8x4(__byte_perm(w0, w1, 0x5140), &a0[0], &a0[1]);
                     akd_i8x4(__byte_perm(w8, w9, 0x5140), &a0[2], &a0[3]);
                     akd_i8x4(__byte_perm(w0, w1, 0x7362), &a1[0], &a1[1]);
@@ -1715,9 +1717,9 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         static ak_fn said_fn;
         static int said_S;
         if (said_fn != fn || said_S != S)
-            fprintf(stderr, "strata: ak_dec %d KB smem, %d warps, %d blocks/SM, grid %d x %d x %d, dyn %d, pdl %d, mc %d, "
-                    "pgreg %d, i8c %d, %d entries a step\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn, cf.pdl, cf.mc,
-                    cf.pgreg, cf.i8c, cs);
+            fprintf(stderr, "strata: ak_dec %d KB smem, %d warps, %d blocks/SM, grid %d x %d x %d, dyn %d, pdl %d, "
+                    "mc %d, pgreg %d, i8c %d, %d entries a step\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn, cf.pdl,
+                    cf.mc, cf.pgreg, cf.i8c, cs);
         said_fn = fn;
         said_S = S;
     }

@@ -103,9 +103,6 @@ int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *
 /* Whether gpu_gemm takes this block type (the others stay on gpu.cu's
  * matrix-vector kernels). */
 int gpu_gemm_supports(int type);
-/* Whether gpu_gemm hands large products to cuBLAS (loaded at run time where
- * present; STRATA_GEMM_BLAS=0 turns it off per call). */
-int gpu_gemm_blas(void);
 /* gpu_gemm.cu: y (rows, n) f32, row stride ldy floats, = W's rows dequantised
  * by gpu_quant.h (bit-equal to quant.c's to_f32; e.g. embedding lookups). */
 int gpu_dequant(int type, const void *w, size_t ldw, int n, int rows, float *y, size_t ldy,

@@ -16,8 +16,9 @@
  * keep state between calls (so gpu.cu can capture the launches in a graph),
  * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
- * Numerics of the cuBLAS and mma paths: f16 activations and weights (relative rounding
- * 2^-11 each), f32 sums; |x| and |w| must stay below f16's 65504.
+ * Numerics of the cuBLAS and mma paths: f16 activations and weights
+ * (relative rounding 2^-11 each), f32 sums; |x| and |w| must stay below
+ * f16's 65504.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ static __device__ __forceinline__ void gg_store16(float *dst, const float f[16],
         dst[j] = f[j];
 }
 
+#ifdef GPU_CUDA /* (the vendor gemm is CUDA's) */
 static __device__ __forceinline__ void gg_store16(__half *dst, const float f[16], int m)
 {
     if (m < 16) {
@@ -85,6 +87,7 @@ static __device__ __forceinline__ void gg_store16(__half *dst, const float f[16]
     ((int4 *)dst)[0] = *(const int4 *)&h[0];
     ((int4 *)dst)[1] = *(const int4 *)&h[4];
 }
+#endif
 
 template <int TYPE, class O>
 __global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, O *y, size_t ldy)
@@ -690,7 +693,7 @@ int gpu_gemm_supports(int type)
 int gpu_gemm_blas(void)
 {
 #ifdef GPU_CUDA
-    return gg_blas_fits(16, GG_BLAS_MIN_T);
+    return gg_blas_ok(16, GG_BLAS_MIN_T);
 #else
     return 0;
 #endif

@@ -20,6 +20,8 @@ double gpu_copy_bandwidth(size_t bytes)
     return 0;
 }
 
+int gpu_gemm_blas(void) { return 0; }
+
 static int no_gpu(char *err, size_t errlen)
 {
     return strata_errf(err, errlen, "this strata was built without a GPU backend (build with make cuda or make hip)");

@@ -1065,7 +1065,10 @@ static int cmd_bench(struct opts *o)
            arch_name(hp->arch), mib(model_weight_bytes(m)), mib((size_t)dec));
     printf("%-14s %d\n", "threads", o->threads);
     printf("%-14s %s, %zu bytes per cell%s\n", "kv cache", kv_cell_name(o->kv), st.cell_bytes,
-           model_ctx_device(c) == MODEL_DEV_GPU ? ", on the GPU" : "");
+           gpu ? ", on the GPU" : "");
+    if (gpu)
+        printf("%-14s %s\n", "prompt gemm",
+               gpu_gemm_blas() ? "cuBLAS, weights dequantised to f16 (64 tokens or more)" : "Strata's kernels");
     if (d > 0)
         printf("%-14s %d cells before each test (decode reads %.1f MiB/token of KV)\n", "depth", d,
                mib((size_t)kv_dec));

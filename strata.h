@@ -779,6 +779,10 @@ int gpu_devices(char *name, size_t cap);
  * `bytes`, counting each byte read and written (what decode's bound uses);
  * 0 when there is no device or a call fails. */
 double gpu_copy_bandwidth(size_t bytes);
+/* Whether prompts of 64 tokens or more go to cuBLAS (gpu_gemm.cu: opened at
+ * run time where the toolkit's library is on the loader's path, and not
+ * turned off by STRATA_GEMM_BLAS=0); 0 in a CPU or HIP build. */
+int gpu_gemm_blas(void);
 int gpu_model_new(struct gpu_model **g, const struct model *m, char *err, size_t errlen);
 void gpu_model_free(struct gpu_model *g);
 size_t gpu_model_bytes(const struct gpu_model *g);   /* device memory the weights take */
