@@ -139,9 +139,11 @@ static __device__ __forceinline__ void gq_bf16_16(const uint8_t *row, int i16, f
 }
 
 /* Legacy 32-element blocks: byte j holds element j (low nibble) and j + 16
- * (high nibble); half h of the block is one nibble plane. */
-template <int RA>
-static __device__ __forceinline__ void gq_q4_0_16(const uint8_t *row, int i16, float *y)
+ * (high nibble); half h of the block is one nibble plane. Q4_0 and IQ4_NL
+ * share the 18-byte layout (d, then 16 bytes of nibbles): code c is the
+ * value c - 8 in Q4_0, the IQ4_NL grid's entry c in IQ4_NL (NL). */
+template <int RA, bool NL>
+static __device__ __forceinline__ void gq_nib18_16(const uint8_t *row, int i16, float *y)
 {
     const uint8_t *b = row + 18 * (i16 >> 1);
     int sh = 4 * (i16 & 1);
@@ -149,8 +151,10 @@ static __device__ __forceinline__ void gq_q4_0_16(const uint8_t *row, int i16, f
     uint8_t q[16];
     gq_ld16<gq_al(RA, 18, 2)>(b + 2, q);
 #pragma unroll
-    for (int j = 0; j < 16; j++)
-        y[j] = gq_i2f(((q[j] >> sh) & 15) - 8) * d;
+    for (int j = 0; j < 16; j++) {
+        int c = (q[j] >> sh) & 15;
+        y[j] = gq_i2f(NL ? gq_iq4nl(c) : c - 8) * d;
+    }
 }
 
 template <int RA>
@@ -211,18 +215,6 @@ static __device__ __forceinline__ void gq_q8_16(const uint8_t *row, int i16, flo
         y[j] = gq_i2f((signed char)q[j]) * d;
 }
 
-template <int RA>
-static __device__ __forceinline__ void gq_iq4_nl_16(const uint8_t *row, int i16, float *y)
-{
-    const uint8_t *b = row + 18 * (i16 >> 1);
-    int sh = 4 * (i16 & 1);
-    float d = gq_f16(b);
-    uint8_t q[16];
-    gq_ld16<gq_al(RA, 18, 2)>(b + 2, q);
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-        y[j] = d * gq_i2f(gq_iq4nl((q[j] >> sh) & 15));
-}
 
 /* K-quants: super-blocks of 256; s = i16 & 15 is the 16-element group.
  * 2-bit planes (Q2_K, Q3_K): element k = 128h + 32p + l sits in bits 2p of
@@ -343,7 +335,7 @@ static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *
     case QT_F32: gq_f32_16(row, i16, out); break;
     case QT_F16: gq_f16_16(row, i16, out); break;
     case QT_BF16: gq_bf16_16(row, i16, out); break;
-    case QT_Q4_0: gq_q4_0_16<RA>(row, i16, out); break;
+    case QT_Q4_0: gq_nib18_16<RA, false>(row, i16, out); break;
     case QT_Q4_1: gq_q4_1_16<RA>(row, i16, out); break;
     case QT_Q5_0: gq_q5_0_16<RA>(row, i16, out); break;
     case QT_Q5_1: gq_q5_1_16<RA>(row, i16, out); break;
@@ -363,7 +355,7 @@ static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *
     }
     case QT_Q6_K: gq_q6_K_16<RA>(row, i16, out); break;
     case QT_Q8_K: gq_q8_K_16<RA>(row, i16, out); break;
-    case QT_IQ4_NL: gq_iq4_nl_16<RA>(row, i16, out); break;
+    case QT_IQ4_NL: gq_nib18_16<RA, true>(row, i16, out); break;
     case QT_IQ4_XS: gq_iq4_xs_16<RA>(row, i16, out); break;
     default:
 #pragma unroll
