@@ -1109,6 +1109,63 @@ __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, 
     }
 }
 
+/* The n = T·U (token, expert) pairs of a prompt chunk (sel) sorted by
+ * expert, each expert's in pair order: order (n) and offs (X + 1: expert
+ * e's pairs are order[offs[e] .. offs[e+1])). One block, a thread per
+ * expert (X <= blockDim.x <= 1024): each counts, then places its pairs,
+ * reading sel through shared memory in slices. */
+#define GF_SORT_SLICE 4096
+__global__ void gf_moe_sort_kernel(const int32_t *sel, int n, int X, int32_t *order, int32_t *offs)
+{
+    gf_pdl_begin();
+    __shared__ int32_t sl[GF_SORT_SLICE];
+    __shared__ int32_t off[1025];
+    int e = threadIdx.x, count = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int at = pass && e < X ? off[e] : 0;
+        for (int i0 = 0; i0 < n; i0 += GF_SORT_SLICE) {
+            int m = min(GF_SORT_SLICE, n - i0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < m; i += blockDim.x)
+                sl[i] = sel[i0 + i];
+            __syncthreads();
+            if (e < X)
+                for (int i = 0; i < m; i++)
+                    if (sl[i] == e) {
+                        if (pass)
+                            order[at++] = i0 + i;
+                        else
+                            count++;
+                    }
+        }
+        if (!pass) {
+            if (e < X)
+                off[e + 1] = count;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                off[0] = 0;
+                for (int k = 1; k <= X; k++)
+                    off[k] += off[k - 1];
+            }
+            __syncthreads();
+        }
+    }
+    for (int k = threadIdx.x; k <= X; k += blockDim.x)
+        offs[k] = off[k];
+}
+
+/* Row i (blockIdx.x) of dst (width w) = row order[i] / div of src (gather),
+ * or row order[i] of dst = row i of src (scatter). */
+__global__ void gf_rows_kernel(float *dst, const float *src, const int32_t *order, int div, int w, int scatter)
+{
+    gf_pdl_begin();
+    size_t i = blockIdx.x, j = (size_t)order[i];
+    float *d = dst + (scatter ? j : i) * w;
+    const float *x = src + (scatter ? i : j / div) * w;
+    for (int k = threadIdx.x; k < w; k += blockDim.x)
+        d[k] = x[k];
+}
+
 /* x (T, n) = (y + b) + x, either of y and b absent */
 __global__ void gf_add_kernel(float *x, const float *y, const float *b, int n, size_t total)
 {
@@ -1154,6 +1211,9 @@ struct gpu_ctx {
     int8_t *aq;
     gf_ads *ads;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
+    int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
+    int32_t *offs_host;    /* pinned (X + 1) */
+    float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
     void *attn_scratch, *gemm_scratch;
@@ -1670,6 +1730,56 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
                             : gpu_attn_prompt(&a, c->stream, err, errlen);
 }
 
+/* A prompt's experts as matrix products: the (token, expert) pairs sorted
+ * by expert (gf_moe_sort_kernel; the host reads the offsets: one
+ * synchronisation a layer), their rows gathered in that order, and gpu_gemm
+ * over each used expert's contiguous rows (at most T: a token's experts
+ * differ) for gate and up; SwiGLU on the sorted rows; down the same way;
+ * then the outputs scattered back to pair order for gf_moe_sum_kernel.
+ * Returns 1 where not taken (decode, types gpu_gemm lacks, more than 1024
+ * experts, STRATA_GPU_MOE_PAIRS=1, a gpu_gemm failure): the caller runs the
+ * pairs through the matrix-vector kernels. */
+static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, char *err, size_t errlen)
+{
+    const struct model_hp *hp = &c->g->hp;
+    const struct gf_mat *gw = &ly->gate_exps, *uw = &ly->up_exps, *dw = &ly->down_exps;
+    int X = hp->n_expert, U = hp->n_expert_used, D = hp->n_embd, Fe = gw->rows, n = T * U;
+    if (T <= GF_DECODE_T || !c->gemm_ok || X > 1024 || !gpu_gemm_supports(gw->type) ||
+        !gpu_gemm_supports(uw->type) || !gpu_gemm_supports(dw->type) || gf_env("STRATA_GPU_MOE_PAIRS"))
+        return 1;
+    gpuStream_t s = c->stream;
+    gf_launch(gf_moe_sort_kernel, 1, (X + GPU_WARP - 1) / GPU_WARP * GPU_WARP, 0, s, (const int32_t *)c->sel, n, X,
+              c->order, c->offs);
+    gf_launch(gf_rows_kernel, n, 256, 0, s, c->xs, (const float *)c->xn, (const int32_t *)c->order, U, D, 0);
+    GF_LAUNCH_CHECK(err, errlen);
+    GPU_TRY(gpuMemcpyAsync(c->offs_host, c->offs, (size_t)(X + 1) * sizeof(int32_t), gpuMemcpyDeviceToHost, s),
+            err, errlen);
+    GPU_TRY(gpuStreamSynchronize(s), err, errlen);
+    const int32_t *off = c->offs_host;
+    for (int e = 0; e < X; e++) {
+        int m = off[e + 1] - off[e];
+        if (m > 0 &&
+            (gpu_gemm(gw->type, gw->d + e * gw->stride, gw->ldw, D, Fe, c->xs + (size_t)off[e] * D, m,
+                      c->gt + (size_t)off[e] * Fe, Fe, c->gemm_scratch, s, err, errlen) ||
+             gpu_gemm(uw->type, uw->d + e * uw->stride, uw->ldw, D, Fe, c->xs + (size_t)off[e] * D, m,
+                      c->up + (size_t)off[e] * Fe, Fe, c->gemm_scratch, s, err, errlen)))
+            return c->gemm_ok = 0, 1;   /* as gf_matmul_n: the matrix-vector kernels from now on (they redo it all) */
+    }
+    gf_mark(c, GF_ST_GATE_UP);
+    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, c->gt, c->aq, c->ads, err, errlen))
+        return -1;
+    gf_mark(c, GF_ST_SWIGLU);
+    for (int e = 0; e < X; e++) {
+        int m = off[e + 1] - off[e];
+        if (m > 0 && gpu_gemm(dw->type, dw->d + e * dw->stride, dw->ldw, Fe, D, c->gt + (size_t)off[e] * Fe, m,
+                              c->xs + (size_t)off[e] * D, D, c->gemm_scratch, s, err, errlen))
+            return c->gemm_ok = 0, 1;
+    }
+    gf_launch(gf_rows_kernel, n, 256, 0, s, c->eo, (const float *)c->xs, (const int32_t *)c->order, 1, D, 1);
+    GF_LAUNCH_CHECK(err, errlen);
+    return 0;
+}
+
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
 static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
@@ -1720,11 +1830,15 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
+    int rc = gf_experts_gemm(c, ly, T, err, errlen);
+    if (rc < 0)
+        return -1;
     const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
     float *gu_y[2] = {c->gt, c->up};
-    if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
-        gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
-        (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen))
+    if (rc > 0 &&
+        (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+         gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
+         (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen)))
         return -1;
     gf_launch(gf_moe_sum_kernel, T, 256, 0, s, c->x, c->eo, c->selw, D, U);
     GF_LAUNCH_CHECK(err, errlen);
@@ -1765,7 +1879,8 @@ void gpu_ctx_free(struct gpu_ctx *c)
     if (c->graph_state == 1)
         gpuGraphExecDestroy(c->graph);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
-                    c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch};
+                    c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
+                    c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -1773,6 +1888,8 @@ void gpu_ctx_free(struct gpu_ctx *c)
         gpuFreeHost(c->io_host);
     if (c->lg_host)
         gpuFreeHost(c->lg_host);
+    if (c->offs_host)
+        gpuFreeHost(c->offs_host);
     if (c->stream)
         gpuStreamDestroy(c->stream);
     free(c);
@@ -1824,7 +1941,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     size_t gemm = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct gf_layer *ly = &g->layers[il];
-        const struct gf_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
+        const struct gf_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down,
+                                       &ly->gate_exps, &ly->up_exps, &ly->down_exps};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             if (mats[i]->d && gpu_gemm_supports(mats[i]->type)) {
                 size_t b = gpu_gemm_scratch_bytes(mats[i]->type, mats[i]->n, mats[i]->rows, T);
@@ -1853,6 +1971,9 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->router, (size_t)T * (hp->n_expert ? hp->n_expert : 1) * fb, err, errlen) ||
              gf_alloc((void **)&c->selw, MU * fb, err, errlen) ||
              gf_alloc((void **)&c->sel, MU * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c->order, hp->n_expert ? MU * sizeof(int32_t) : 0, err, errlen) ||
+             gf_alloc((void **)&c->offs, (size_t)(hp->n_expert + 1) * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c->xs, hp->n_expert ? MU * D * fb : 0, err, errlen) ||
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
              gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
@@ -1865,6 +1986,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
         e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
         if (e == gpuSuccess)
             e = gpuMallocHost((void **)&c->lg_host, (size_t)hp->n_vocab * sizeof(float));
+        if (e == gpuSuccess)
+            e = gpuMallocHost((void **)&c->offs_host, (size_t)(hp->n_expert + 1) * sizeof(int32_t));
         if (e != gpuSuccess)
             rc = strata_errf(err, errlen, "gpuMallocHost: %s", gpuGetErrorString(e));
     }
