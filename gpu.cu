@@ -387,6 +387,13 @@ struct gf_mv {
     const float *af;        /* (rows, n) f32, for float weights */
     int a_div, a_g, t_total;
     int accumulate;
+    /* Experts side by side (gf_mvk_kernel only; ue > 0): group g's activation
+     * row is its U experts' rows one after the other, ue units each; unit u
+     * reads row r of expert ids[g·U + u/ue] (w[0], estride apart) and is
+     * weighted by sw[g·U + u/ue]; so y[g·y_g + r] sums the U experts' rows r,
+     * weighted (a MoE's down product and weighted sum in one). */
+    int ue;
+    const float *sw;
 };
 
 template <class Q, int NT>
@@ -619,19 +626,20 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
-/* the R rows from r0 (the last row past the end) at units ub of each */
+/* the R rows from r0 (the last row past the end), each unit k at byte uo[k]
+ * of its row (its superblock's; ub[k] & 3 the pair in it) */
 template <int UL, int R>
-static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, size_t eoff, int r0, int total,
+static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
                                                     const int (&ub)[UL], int4 (&h)[R][UL], int4 (&q)[R][UL][2])
 {
 #pragma unroll
     for (int j = 0; j < R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
         int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
-        const uint8_t *w = p.w[pt] + eoff + (size_t)(r - (pt ? p.end[pt - 1] : 0)) * p.ldw;
+        const uint8_t *w = p.w[pt] + (size_t)(r - (pt ? p.end[pt - 1] : 0)) * p.ldw;
 #pragma unroll
         for (int k = 0; k < UL; k++) {
-            const int4 *b = (const int4 *)(w + (size_t)(ub[k] >> 2) * 144);
+            const int4 *b = (const int4 *)(w + uo[k]);
             h[j][k] = gf_ld_stream(b);
             q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
             q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
@@ -650,20 +658,34 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
     bool ok[UL];
+    size_t uo[UL];
 #pragma unroll
     for (int k = 0; k < UL; k++) {
         int u = (slice * UL + k) * GPU_WARP + lane;
         ok[k] = u < U;
         ub[k] = ok[k] ? u : 0;
+        uo[k] = (size_t)(ub[k] >> 2) * 144;
     }
     int4 wh[R][UL], wq[R][UL][2];
     int tile = blockIdx.x;
     if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
-        gf_mvk_fetch<UL, R>(p, 0, tile * RT + sub * R, total, ub, wh, wq);
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
-    size_t eoff = p.ids ? (size_t)p.ids[g] * p.estride : 0, arow = (size_t)(g / p.a_div) * p.a_g;
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    float uw[UL];   /* the units' expert weights (1 but side by side) */
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        uw[k] = 1.0f;
+        if (p.ue) {
+            int i = g * (U / p.ue) + ub[k] / p.ue;
+            uo[k] = (size_t)p.ids[i] * p.estride + (size_t)(ub[k] % p.ue >> 2) * 144;
+            uw[k] = p.sw[i];
+        } else if (p.ids) {
+            uo[k] += (size_t)p.ids[g] * p.estride;
+        }
+    }
     if (p.ids && tile < tiles)
-        gf_mvk_fetch<UL, R>(p, eoff, tile * RT + sub * R, total, ub, wh, wq);
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -674,11 +696,12 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         for (int i = 0; i < 4; i++)
             xa[k][i] = aq[4 * ub[k] + i];
         xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
+        xs[k][0].x *= uw[k], xs[k][1].x *= uw[k];   /* the expert's weight rides on the activation's scale */
     }
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         if (tile + (int)gridDim.x < tiles)
-            gf_mvk_fetch<UL, R>(p, eoff, (tile + gridDim.x) * RT + sub * R, total, ub, nh, nq);
+            gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
         float acc[R];
 #pragma unroll
         for (int j = 0; j < R; j++) {
@@ -1550,11 +1573,17 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, 0, s, p);
 }
 
+/* whether gf_mvk_kernel takes one-row groups of this type and width */
+static int gf_mvk_takes(int type, int n, int *UL, int *S)
+{
+    return type == QT_Q4_K && !gf_env("STRATA_GPU_MV_OLD") && (*S = gf_mvk_shape(n, UL)) > 0;
+}
+
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
-    if (nt == 1 && Q::BYTES == 144 && !gf_env("STRATA_GPU_MV_OLD") && (S = gf_mvk_shape(p.n, &UL)) > 0) {
+    if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
         else
@@ -1706,6 +1735,25 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
     return 0;
 }
 
+/* Decode: the experts' down products and their weighted sum added into x
+ * in one launch, the T tokens' U experts side by side (gf_mv's ue); 1 where
+ * the Q4_K decode kernel does not take the experts (the caller runs them
+ * one by one, then gf_moe_sum_kernel). */
+static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T, int U, char *err, size_t errlen)
+{
+    int UL, S;
+    if (T > GF_DECODE_T || !gf_mvk_takes(dn->type, U * dn->n, &UL, &S))
+        return 1;
+    gf_mv p;
+    memset(&p, 0, sizeof p);
+    p.w[0] = dn->d, p.parts = 1, p.end[0] = p.end[1] = p.end[2] = dn->rows;
+    p.y[0] = c->x, p.y_g[0] = (size_t)c->g->hp.n_embd;
+    p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
+    p.ids = c->sel, p.sw = c->selw, p.ue = dn->n / 256 * 4;
+    p.aq = c->aq, p.ads = c->ads, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
+    return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
+}
+
 static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
 {
     struct kv_layout lo;
@@ -1830,18 +1878,27 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
-    int rc = gf_experts_gemm(c, ly, T, err, errlen);
-    if (rc < 0)
-        return -1;
+    /* a prompt's experts as gemms (eo written), else the matrix-vector
+     * kernels; in decode the down products add into x themselves */
     const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
     float *gu_y[2] = {c->gt, c->up};
-    if (rc > 0 &&
-        (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
-         gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen) ||
-         (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen)))
+    int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
+    if (rc > 0) {
+        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+            gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
+            return -1;
+        gf_mark(c, GF_ST_SWIGLU);
+        rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
+        summed = rc == 0;
+        if (rc > 0)
+            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
+    }
+    if (rc < 0)
         return -1;
-    gf_launch(gf_moe_sum_kernel, T, 256, 0, s, c->x, c->eo, c->selw, D, U);
-    GF_LAUNCH_CHECK(err, errlen);
+    if (!summed) {
+        gf_launch(gf_moe_sum_kernel, T, 256, 0, s, c->x, c->eo, c->selw, D, U);
+        GF_LAUNCH_CHECK(err, errlen);
+    }
     gf_mark(c, GF_ST_DOWN);
     return 0;
 }
