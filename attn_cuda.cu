@@ -61,6 +61,7 @@
 
 #include "gpu.h"
 #include "gpu_compat.h"
+#include "gpu_quant.h"
 
 #define AK_BC 64        /* entries per online-softmax step (one kv.c page) */
 #define AK_SPLIT_MAX 128 /* most split-KV partitions (ak_dec; sizes scratch and the merge) */
@@ -88,6 +89,8 @@ struct ak_args {
     const int32_t *sel;
     const int64_t *sel_off;
     float *ml, *acc; /* split partials (S, TH, 2) and (S, TH, E); NULL: final output */
+    int8_t *out_q;   /* ak_dec: the output also as int8 blocks of 32 (gpu_attn's out_q), or NULL */
+    float4 *out_ds;
     int plen;        /* entries per partition (unit == 0) */
     int S;           /* partitions in the grid (ak_dec) */
     int unit;        /* ak_dec: > 0, partitions sized on the device from the live
@@ -179,6 +182,8 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
 struct akm_args {
     const float *ml, *acc;
     float *out;
+    int8_t *out_q;
+    float4 *out_ds;
     int S, TH, E;
     int unit, T, H, qsa;
     const int32_t *pos0;
@@ -193,6 +198,23 @@ struct akm_args {
  * partials a row at long contexts), each warp's sums then added in warp
  * order. */
 #define AK_MERGE_W 8 /* warps of an ak_merge block */
+
+/* Output element i = y, also into the int8 blocks q / ds (gpu_quant.h's
+ * encoder) when q is set: the calling warp holds one block of 32, element i
+ * in lane i % 32. */
+static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float4 *ds, size_t i, float y)
+{
+    out[i] = y;
+    if (q) {
+        const float v[1] = {y};
+        int c[1];
+        float4 sc = gq_q8_act<1>(v, c);
+        q[i] = (int8_t)c[0];
+        if (i % 32 == 0)
+            ds[i / 32] = sc;
+    }
+}
+
 __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 {
     __shared__ float mbuf[AK_SPLIT_MAX], lbuf[AK_SPLIT_MAX], wbuf[AK_SPLIT_MAX];
@@ -249,7 +271,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         float x = 0.0f;
         for (int w = 0; w < AK_MERGE_W; w++)
             x += part[w][e];
-        out[(size_t)o * E + e] = x * inv;
+        ak_store_out(out, m.out_q, m.out_ds, (size_t)o * E + e, x * inv);
     }
 }
 
@@ -1315,8 +1337,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             L = fmaf(wt, lw[v * NR + r], L);
             acc = fmaf(wt, ow[(v * NR + r) * E + e], acc);
         }
-        if (direct) {
-            a.out[(size_t)out_row(r) * E + e] = acc * (L > 0.0f ? 1.0f / L : 0.0f);
+        if (direct) {   /* (a warp's 32 idx: one block of 32 of a row) */
+            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc * (L > 0.0f ? 1.0f / L : 0.0f));
             continue;
         }
         size_t row = (size_t)s * TH + out_row(r);
@@ -1519,7 +1541,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, NULL, NULL};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, NULL, NULL};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1710,6 +1732,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     a.S = S;
     a.unit = cf.dyn ? cs * nw : 0;
     a.pgreg = cf.pgreg;
+    a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds;
     GPU_TRY(cudaFuncSetAttribute((const void *)ak_merge, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cf.mc ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault),
             err, errlen);
@@ -1724,9 +1747,10 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         said_S = S;
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
-    akm_args m = {a.ml, a.acc, g->out, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0, g->sel_off};
+    akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0,
+                  g->sel_off};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
-    return 0;
+    return g->out_q ? 1 : 0;
 }
 
 static int ak_launch_simt(const struct gpu_attn *g, int path, int sms, gpuStream_t st, char *err, size_t errlen)

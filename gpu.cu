@@ -17,6 +17,7 @@
  */
 #include "gpu.h"
 #include "gpu_compat.h"
+#include "gpu_quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -808,29 +809,16 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
                 v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
         }
     }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    for (int m = GF_AB / 8; m > 0; m >>= 1)
-        amax = fmaxf(amax, gpu_shfl_xor(amax, m));
-    float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int qi[4], sum = 0;
-    for (int k = 0; k < 4; k++) {
-        float r = rintf(__fmul_rn(v[k], id));
-        qi[k] = (int)fminf(fmaxf(r, -128.0f), 127.0f);
-        sum += qi[k];
-    }
-    for (int m = GF_AB / 8; m > 0; m >>= 1)
-        sum += gpu_shfl_xor(sum, m);
+    int qi[4];
+    gf_ads sc = gq_q8_act<4>(v, qi);
     if (!ok)
         return;
     if (yf)
         ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
     ((char4 *)(q + row * n))[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
                                               (signed char)qi[3]);
-    if (i4 % (GF_AB / 4) == 0) {
-        float fs = (float)sum;
-        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] =
-            make_float4(gf_h2f(gf_f2h(d)), gf_h2f(gf_f2h(__fmul_rn(d, fs))), fs, 0.0f);
-    }
+    if (i4 % (GF_AB / 4) == 0)
+        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] = sc;
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1774,8 +1762,10 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     gf_kv_desc(c, &a.kv);
     a.layer = il, a.q = c->q, a.out = c->ao, a.H = hp->n_head, a.T = T, a.pos0 = c->io + c->T;
     a.max_cells = c->max_cells, a.scale = 1.0f / sqrtf((float)hp->head_dim), a.scratch = c->attn_scratch;
-    return T <= GF_DECODE_T ? gpu_attn_decode(&a, c->stream, err, errlen)
-                            : gpu_attn_prompt(&a, c->stream, err, errlen);
+    if (T > GF_DECODE_T)
+        return gpu_attn_prompt(&a, c->stream, err, errlen);
+    a.out_q = c->aq, a.out_ds = (float *)c->ads;
+    return gpu_attn_decode(&a, c->stream, err, errlen);
 }
 
 /* A prompt's experts as matrix products: the (token, expert) pairs sorted
@@ -1856,8 +1846,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
-    if (gf_attention(c, il, T, err, errlen) || (gf_mark(c, GF_ST_ATTN), 0) ||
-        gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen) ||
+    int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
+    if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
+        (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
         (gf_mark(c, GF_ST_WO), 0) ||
         gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))

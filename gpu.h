@@ -44,6 +44,11 @@ struct gpu_attn {
     const int32_t *sel;
     const int64_t *sel_off;
     void *scratch;              /* dev: gpu_attn_scratch_bytes() bytes (split partials) */
+    /* decode, optional: the output rows also as the decode products read
+     * an activation (int8 blocks of 32, gpu_quant.h's gq_q8_act): codes
+     * (T, H*E) and the blocks' scales (T*H*E/32, 4) (dev) */
+    int8_t *out_q;
+    float *out_ds;
 };
 
 /* Device scratch one call needs at most, for H query heads, T queries,
@@ -57,7 +62,9 @@ int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T,
 /* Dense prompt attention: chunked online softmax over each query's cells. */
 int gpu_attn_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 /* Decode attention (T a few queries): cells split across blocks, merged by
- * log-sum-exp. */
+ * log-sum-exp. Returns 1 where it wrote out_q too (a->out_q set and the
+ * path can: dec16 on sm_80+), 0 where only out, -1 on error; so do the
+ * QSA calls. */
 int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 /* QSA: the same over each query's selected cells. */
 int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);

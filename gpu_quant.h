@@ -1,11 +1,13 @@
 /*
  * gpu_quant.h — GGUF block formats decoded on the device: gq_dequant16 turns
  * 16 consecutive elements of a weight row (in its file layout) into floats,
- * equal bit for bit to quant.c's to_f32. Shared by gpu_gemm.cu and gpu.cu;
- * compiled by nvcc and hipcc. From C, only gq_supported is visible.
+ * equal bit for bit to quant.c's to_f32; and gq_q8_act, the one encoder: an
+ * activation's int8 blocks of 32 as the decode kernels read them. Shared by
+ * gpu_gemm.cu, gpu.cu and attn_cuda.cu; compiled by nvcc and hipcc. From C,
+ * only gq_supported is visible.
  *
- * Owns the device-side reading of the block layouts only: no launches, no
- * allocation, no host state. quant.c stays the definition of each format
+ * Owns the device-side block layouts only: no launches, no allocation, no
+ * host state. quant.c stays the definition of each format
  * (struct offsets below are its blk_* structs, little-endian).
  * Bit-exactness: a multiply followed by an add is written with __fmul_rn /
  * __fadd_rn so that the compiler cannot fuse it into an FMA (quant.c is
@@ -368,6 +370,37 @@ static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *
 static __device__ __forceinline__ void gq_dequant16(int type, const uint8_t *row, int i16, float out[16])
 {
     gq_dequant16_al<1>(type, row, i16, out);
+}
+
+/* ---- activations: int8 blocks of 32 ---- */
+
+/* One block of 32 activation values spread over 32/V consecutive lanes (V
+ * each, the lanes aligned to the block) quantised the way quant.c quantises
+ * to Q8_0/Q8_1: d = amax/127, codes round(v·127/amax) to nearest even. The
+ * lane's codes go to q; the block's scales come back as the decode kernels
+ * read them: (d as f16, Q8_1's s = d·Σq as f16, Σq, 0). Every lane of the
+ * warp must call it (shuffles). */
+template <int V>
+static __device__ __forceinline__ float4 gq_q8_act(const float (&v)[V], int (&q)[V])
+{
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        amax = fmaxf(amax, fabsf(v[k]));
+    for (int m = 16 / V; m > 0; m >>= 1)
+        amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+    float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float r = rintf(__fmul_rn(v[k], id));
+        q[k] = (int)fminf(fmaxf(r, -128.0f), 127.0f);
+        sum += q[k];
+    }
+    for (int m = 16 / V; m > 0; m >>= 1)
+        sum += gpu_shfl_xor(sum, m);
+    float fs = (float)sum;
+    return make_float4(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(__fmul_rn(d, fs))), fs, 0.0f);
 }
 
 #endif /* __CUDACC__ || __HIPCC__ */

@@ -102,7 +102,7 @@ static int dcall_make(struct dcall *c, const struct dkv *kv, int H, int T, int p
         ok = ok && c->sel && c->off;
     }
     c->a = (struct gpu_attn){kv->g, 1, c->q, c->out, H, T, c->pos0, max_cells, 1.0f / sqrtf((float)E),
-                             c->sel, c->off, c->scratch};
+                             c->sel, c->off, c->scratch, NULL, NULL};
     return ok ? 0 : -1;
 }
 
@@ -142,6 +142,54 @@ static int dcall_get(struct dcall *c, int path, float *host)
                "%s: the kernel failed on the device", path_names[path]))
         return 0;
     return 1;
+}
+
+/* Decode again with out_q set. A path that writes the int8 blocks too
+ * (returns 1: dec16, which `kname` names) must leave out's bits as they
+ * were (`out`, the run without) and write quant.c's Q8_1 of out, bit for
+ * bit: codes, d and s as f16, and Σ codes. */
+static void check_out_q(struct dcall *c, int path, const char *kname, const float *out)
+{
+    char err[256] = "";
+    size_t n = c->n_out, nb = n / 32;
+    const struct quant_type *qt = quant_type(QT_Q8_1);
+    int8_t *q = malloc(n);
+    float *ds = malloc(nb * 4 * sizeof(float)), *again = malloc(n * sizeof(float));
+    uint8_t *ref = malloc(nb * qt->size);
+    memset(q, 0x55, n);
+    test_poison(ds, nb * 4);
+    c->a.out_q = dev_put(q, n);
+    c->a.out_ds = dev_put(ds, nb * 4 * sizeof(float));
+    int rc = c->a.out_q && c->a.out_ds ? dcall_run(c, path, err, sizeof err) : -1;
+    int want = strncmp(kname, "dec16", 5) == 0;
+    if (CHECK(rc == want, "%s with out_q: returned %d (%s), want %d for %s", path_names[path], rc, err, want,
+              kname) && rc == 1 &&
+        CHECK(gpu_attn_test_sync() == 0 && gpu_test_copy(again, c->out, n * sizeof(float), 1) == 0 &&
+                  gpu_test_copy(q, c->a.out_q, n, 1) == 0 &&
+                  gpu_test_copy(ds, c->a.out_ds, nb * 4 * sizeof(float), 1) == 0,
+              "%s with out_q: the kernel failed on the device", path_names[path])) {
+        qt->from_f32(out, ref, (int64_t)n);
+        size_t same_out = 0, same_blk = 0;
+        for (size_t i = 0; i < n; i++)
+            same_out += memcmp(&again[i], &out[i], sizeof(float)) == 0;
+        for (size_t b = 0; b < nb; b++) {
+            const uint8_t *r = ref + b * qt->size;   /* blk_q8_1: d, s (f16), 32 codes */
+            uint16_t d16, s16;
+            memcpy(&d16, r, 2), memcpy(&s16, r + 2, 2);
+            int sum = 0;
+            for (int k = 0; k < 32; k++)
+                sum += (int8_t)r[4 + k];
+            same_blk += memcmp(q + 32 * b, r + 4, 32) == 0 && ds[4 * b] == quant_f16_to_f32(d16) &&
+                        ds[4 * b + 1] == quant_f16_to_f32(s16) && ds[4 * b + 2] == (float)sum;
+        }
+        printf("     %-10s int8 output blocks: out unchanged %zu/%zu, blocks equal to quant.c's Q8_1 %zu/%zu\n",
+               path_names[path], same_out, n, same_blk, nb);
+        CHECK(same_out == n && same_blk == nb, "%s: int8 output blocks differ from quant.c's", path_names[path]);
+    }
+    gpu_test_free(c->a.out_q);
+    gpu_test_free(c->a.out_ds);
+    c->a.out_q = NULL, c->a.out_ds = NULL;
+    free(q), free(ds), free(again), free(ref);
 }
 
 /* ---- statistics ---- */
@@ -247,6 +295,8 @@ static void run_config(const struct gcfg *cf, unsigned seed)
             }
             const char *kname = gpu_attn_kernel_name(&dc.a, dec, qsa);
             int ok = dcall_get(&dc, path, gpu + base);
+            if (ok && dec)
+                check_out_q(&dc, path, kname, gpu + base);
             dcall_free(&dc);
             if (!ok)
                 break;
