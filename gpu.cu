@@ -35,15 +35,24 @@ typedef float4 gf_ads;
 /* ==== device helpers ==== */
 
 /* Every kernel of the forward pass is launched with programmatic dependent
- * launch (gf_launch) and starts here: it waits until the kernel ahead has
- * finished and its writes show (before any load or store: the one ahead may
- * still read what this one overwrites), then lets the next kernel launch.
- * The gain is the launch latency, hidden behind the tail of the kernel
- * ahead. */
+ * launch (gf_launch) and starts here: it lets the next kernel launch, then
+ * waits until the kernel ahead has finished and its writes show (before any
+ * load or store: the one ahead may still read what this one overwrites).
+ * The next kernel's wait still waits for this one to finish, and this one
+ * for the one ahead, so letting it launch first is safe; its blocks then
+ * take SMs as the kernel ahead's retire, and a matrix-vector kernel's weight
+ * loads, which wait for nothing, fill the tail of the one ahead and the
+ * small kernels between (GF_PDL_EARLY=0 at build time: wait first). */
+#ifndef GF_PDL_EARLY
+#define GF_PDL_EARLY 1
+#endif
 static __device__ __forceinline__ void gf_pdl_begin()
 {
+    if (GF_PDL_EARLY)
+        gpu_grid_launch_dependents();
     gpu_grid_wait();
-    gpu_grid_launch_dependents();
+    if (!GF_PDL_EARLY)
+        gpu_grid_launch_dependents();
 }
 
 static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
@@ -1236,10 +1245,10 @@ struct gpu_ctx {
 
 /* Stage timing for gpu_test_profile: an event after each stage. */
 enum { GF_ST_EMBED, GF_ST_NORM, GF_ST_QKV, GF_ST_ROPE_STORE, GF_ST_ATTN, GF_ST_ACT, GF_ST_WO, GF_ST_FFN_NORM,
-       GF_ST_GATE_UP, GF_ST_SWIGLU, GF_ST_DOWN, GF_ST_HEAD, GF_ST_COUNT };
+       GF_ST_ROUTER, GF_ST_GATE_UP, GF_ST_SWIGLU, GF_ST_DOWN, GF_ST_HEAD, GF_ST_COUNT };
 static const char *const gf_st_names[GF_ST_COUNT] = {"embed", "attn_norm+q8", "qkv", "rope+kv_store", "attention",
-                                                      "q8(attn out)", "wo+resid", "ffn_norm+q8", "gate/up|router",
-                                                      "swiglu+q8", "down+resid", "norm+head"};
+                                                      "q8(attn out)", "wo+resid", "ffn_norm+q8", "router+top-k",
+                                                      "gate/up", "swiglu+q8", "down+resid", "norm+head"};
 #define GF_PROF_MAX 4096
 struct gf_prof {
     gpuEvent_t ev[GF_PROF_MAX];
@@ -1869,6 +1878,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
     const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
