@@ -617,6 +617,50 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     }
 }
 
+/* ==== few rows: a block a row ====
+ * A decode product with too few rows to give the staged kernel a block per
+ * SM (a MoE's router: 128 rows) takes a block per row instead, its threads
+ * across the row's units, so that a row costs one round trip to memory,
+ * not one per chunk. The block's sums meet in shared memory, warp by warp
+ * in a fixed order. */
+#define GF_ROW_THREADS 256
+
+template <class Q>
+__global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
+{
+    gf_pdl_begin();
+    __shared__ float part[GF_ROW_THREADS / GPU_WARP];
+    int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
+    int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2, rr = r - (pt ? p.end[pt - 1] : 0);
+    const uint8_t *w = p.w[pt] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    float acc = 0.0f;
+    for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
+        size_t b = (size_t)(u / Q::UNITS);
+        Q q;
+        q.load(w + b * Q::BYTES, u % Q::UNITS);
+        if constexpr (Q::FLOAT)
+            acc += q.dotf(p.af + arow * p.n + b * Q::BLK);
+        else
+            acc += q.dot(p.aq + arow * p.n + b * Q::BLK, p.ads + arow * (p.n / GF_AB) + b * Q::BLK / GF_AB);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0)
+        part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = part[0];
+        for (int i = 1; i < GF_ROW_THREADS / GPU_WARP; i++)
+            sum += part[i];
+        float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + rr;
+        if (p.bias[pt])
+            sum = sum + p.bias[pt][rr];
+        if (p.accumulate)
+            sum = sum + *yp;
+        *yp = sum;
+    }
+}
+
 /* ==== the Q4_K decode kernel: the activation held in registers ====
  * With int8 activations a matrix-vector product reads one activation byte
  * per weight (twice the bytes of a Q4_K weight) from L1; re-reading it for
@@ -1551,19 +1595,29 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
 #endif
 }
 
+/* the device's SMs (one device per process: asked once; 0 if the query fails) */
+static int gf_sms(void)
+{
+    static int sms = -1;
+    int dev = 0, n = 0;
+    if (sms < 0)
+        sms = gpuGetDevice(&dev) == gpuSuccess &&
+              gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, dev) == gpuSuccess ? n : 0;
+    return sms;
+}
+
 template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
     void (*k)(gf_mv) = gf_mvk_kernel<UL>;
-    /* one device per process: its SMs, and the blocks of each size resident on one, asked once */
-    static int sms, per_sm[GF_MVK_SMAX + 1];
-    int dev = 0, n = 0, b = 0;
-    if (!per_sm[S] && gpuGetDevice(&dev) == gpuSuccess &&
-        gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, dev) == gpuSuccess &&
-        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess && b > 0)
-        sms = n, per_sm[S] = b;
+    /* the blocks of each size resident on an SM, asked once */
+    static int per_sm[GF_MVK_SMAX + 1];
+    int sms = gf_sms(), b = 0;
+    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess &&
+        b > 0)
+        per_sm[S] = b;
     /* (a failed query: one block a group; the launch's own error check reports a broken device) */
     int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
     dim3 grid(blocks < tiles ? blocks : tiles, groups);
@@ -1587,7 +1641,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<2>(p, groups, S, s);
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
-        gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
+        if ((int)(grid.x * grid.y) < gf_sms())
+            gf_launch(gf_mvrow_kernel<Q>, dim3(rows, groups), GF_ROW_THREADS, 0, s, p);
+        else
+            gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
         gf_launch(gf_mv_kernel<Q, GF_NT, 1>, grid, GF_MV_WARPS * GPU_WARP, 0, s, p);

@@ -31,14 +31,15 @@
  * < 0.57·amax/127; the bound is that times Σ|w| per block, plus 1e-5·Σ|w·x|
  * for f32 summation. quant.c's dot (its own activation type: Q8_K blocks of
  * 256 for K-quants, Q8_0/Q8_1 otherwise) is held to the sum of both bounds. */
-static void tg_matvec_type(int type, int N)
+static void tg_matvec_type(int type, int N, int ROWS)
 {
     const struct quant_type *qt = quant_type(type);
-    char name[96];
-    snprintf(name, sizeof name, "gpu/matvec %s n=%d vs FP64 and quant.c (bound: activation rounding)", qt->name, N);
+    char name[128];
+    snprintf(name, sizeof name, "gpu/matvec %s n=%d rows=%d vs FP64 and quant.c (bound: activation rounding)",
+             qt->name, N, ROWS);
     if (!test_begin_gpu(name))
         return;
-    enum { ROWS = 67, TMAX = 11, NMAX = 12288 };
+    enum { TMAX = 11, NMAX = 12288 };
     unsigned seed = 1234u + (unsigned)type;
     size_t ldw = quant_row_bytes(type, N);
     uint8_t *w = malloc(ldw * ROWS);
@@ -656,13 +657,16 @@ void test_gpu(void)
                                 QT_Q4_K, QT_Q5_K, QT_Q6_K};
     /* rows of several chunks of the decode kernels (161 blocks of 32 start
      * rows off 16-byte boundaries); K-quants also at the widths that take
-     * one, two and three column slices of the Q4_K kernel */
+     * one, two and three column slices of the Q4_K kernel. 67 rows take the
+     * block-a-row decode kernel (too few rows for the SMs), 2240 the staged
+     * one (on up to 140 SMs). */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int k = quant_type(types[i])->blck == 256;
-        tg_matvec_type(types[i], k ? 5120 : 5152);
+        tg_matvec_type(types[i], k ? 5120 : 5152, 67);
+        tg_matvec_type(types[i], k ? 5120 : 5152, 2240);
         if (k) {
-            tg_matvec_type(types[i], 2048);
-            tg_matvec_type(types[i], 12288);
+            tg_matvec_type(types[i], 2048, 67);
+            tg_matvec_type(types[i], 12288, 67);
         }
     }
     tg_kv_store();
