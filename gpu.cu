@@ -9,8 +9,10 @@
  * Prompt matrix products go to gpu_gemm.cu where it takes the type, else to
  * the matrix-vector kernels over batches of tokens (STRATA_GPU_NO_GEMM=1
  * forces that); STRATA_GPU_NO_GRAPH=1 runs decode without the graph,
- * STRATA_GPU_NO_PDL=1 without programmatic dependent launch, and
- * STRATA_GPU_MV_OLD=1 with the staged decode kernel for Q4_K too (A/B).
+ * STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
+ * STRATA_GPU_MV_OLD=1 with the staged decode kernel for Q4_K too, and
+ * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
+ * time through the matrix-vector kernels instead of gpu_gemm (A/B).
  * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
  * launchers. It must not touch kv.c's tables (only the page bytes) and never
  * prints.
