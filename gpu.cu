@@ -408,6 +408,25 @@ struct gf_mv {
     const float *sw;
 };
 
+/* row r of a launch's rows: its matrix (the part) and its row in it */
+static __device__ __forceinline__ int gf_mv_part(const gf_mv &p, int r, int *rr)
+{
+    int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
+    *rr = r - (pt ? p.end[pt - 1] : 0);
+    return pt;
+}
+
+/* y[g·y_g + t·y_t + rr] of part pt = s (+ bias) (+ the old y) */
+static __device__ __forceinline__ void gf_mv_put(const gf_mv &p, int pt, int g, int t, int rr, float s)
+{
+    float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + (size_t)t * p.y_t[pt] + rr;
+    if (p.bias[pt])
+        s = s + p.bias[pt][rr];
+    if (p.accumulate)
+        s = s + *yp;
+    *yp = s;
+}
+
 template <class Q, int NT>
 static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, int b, size_t arow, int nt,
                                                   float *acc)
@@ -446,8 +465,7 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 #pragma unroll
     for (int j = 0; j < R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;   /* past the end: a copy of the last row, not written */
-        part[j] = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
-        rr[j] = r - (part[j] ? p.end[part[j] - 1] : 0);
+        part[j] = gf_mv_part(p, r, &rr[j]);
         w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
     }
     float acc[R][NT];
@@ -478,14 +496,8 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float s = warp_sum(acc[j][t]);
-            if (lane == 0 && t < nt && r0 + j < total) {
-                float *yp = p.y[part[j]] + (size_t)g * p.y_g[part[j]] + (size_t)t * p.y_t[part[j]] + rr[j];
-                if (p.bias[part[j]])
-                    s = s + p.bias[part[j]][rr[j]];
-                if (p.accumulate)
-                    s = s + *yp;
-                *yp = s;
-            }
+            if (lane == 0 && t < nt && r0 + j < total)
+                gf_mv_put(p, part[j], g, t, rr[j], s);
         }
 }
 
@@ -563,8 +575,7 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
-        part[j] = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
-        rr[j] = r - (part[j] ? p.end[part[j] - 1] : 0);
+        part[j] = gf_mv_part(p, r, &rr[j]);
         w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
     }
     int nb = p.n / Q::BLK, nch = (nb + S::CB - 1) / S::CB, cb = (nb + nch - 1) / nch; /* balanced chunks */
@@ -608,14 +619,8 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++) {
         float s = warp_sum(acc[j]);
-        if (lane == 0 && r0 + j < total) {
-            float *yp = p.y[part[j]] + (size_t)g * p.y_g[part[j]] + rr[j];
-            if (p.bias[part[j]])
-                s = s + p.bias[part[j]][rr[j]];
-            if (p.accumulate)
-                s = s + *yp;
-            *yp = s;
-        }
+        if (lane == 0 && r0 + j < total)
+            gf_mv_put(p, part[j], g, 0, rr[j], s);
     }
 }
 
@@ -633,7 +638,7 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     gf_pdl_begin();
     __shared__ float part[GF_ROW_THREADS / GPU_WARP];
     int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
-    int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2, rr = r - (pt ? p.end[pt - 1] : 0);
+    int rr, pt = gf_mv_part(p, r, &rr);
     const uint8_t *w = p.w[pt] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
@@ -654,12 +659,7 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
         float sum = part[0];
         for (int i = 1; i < GF_ROW_THREADS / GPU_WARP; i++)
             sum += part[i];
-        float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + rr;
-        if (p.bias[pt])
-            sum = sum + p.bias[pt][rr];
-        if (p.accumulate)
-            sum = sum + *yp;
-        *yp = sum;
+        gf_mv_put(p, pt, g, 0, rr, sum);
     }
 }
 
@@ -691,8 +691,8 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
 #pragma unroll
     for (int j = 0; j < R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
-        int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2;
-        const uint8_t *w = p.w[pt] + (size_t)(r - (pt ? p.end[pt - 1] : 0)) * p.ldw;
+        int rr, pt = gf_mv_part(p, r, &rr);
+        const uint8_t *w = p.w[pt] + (size_t)rr * p.ldw;
 #pragma unroll
         for (int k = 0; k < UL; k++) {
             const int4 *b = (const int4 *)(w + uo[k]);
@@ -780,13 +780,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 float sum = part[round & 1][0][threadIdx.x];
                 for (int i = 1; i < S; i++)
                     sum += part[round & 1][i][threadIdx.x];
-                int pt = r < p.end[0] ? 0 : r < p.end[1] ? 1 : 2, rr = r - (pt ? p.end[pt - 1] : 0);
-                float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + rr;
-                if (p.bias[pt])
-                    sum = sum + p.bias[pt][rr];
-                if (p.accumulate)
-                    sum = sum + *yp;
-                *yp = sum;
+                int rr, pt = gf_mv_part(p, r, &rr);
+                gf_mv_put(p, pt, g, 0, rr, sum);
             }
         }
 #pragma unroll
