@@ -399,12 +399,13 @@ struct gf_mv {
     const float *af;        /* (rows, n) f32, for float weights */
     int a_div, a_g, t_total;
     int accumulate;
-    /* Experts side by side (gf_mvk_kernel only; ue > 0): group g's activation
-     * row is its U experts' rows one after the other, ue units each; unit u
-     * reads row r of expert ids[g·U + u/ue] (w[0], estride apart) and is
-     * weighted by sw[g·U + u/ue]; so y[g·y_g + r] sums the U experts' rows r,
-     * weighted (a MoE's down product and weighted sum in one). */
-    int ue;
+    /* Experts side by side (ne > 0, one-row groups): group g's activation
+     * row is its U = n/ne experts' rows one after the other, ne columns
+     * each; columns [e·ne, (e+1)·ne) meet row r of expert ids[g·U + e] (one
+     * part, estride apart) weighted by sw[g·U + e], so y[g·y_g + r] is the
+     * weighted sum of the U experts' rows r (a MoE's down product and its
+     * weighted sum in one). */
+    int ne;
     const float *sw;
 };
 
@@ -535,20 +536,42 @@ static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
 #endif
 }
 
-/* Loads chunk k (blocks k*cb .. of nb) of the R rows at w[] into v: the
- * 16-byte vectors that cover it, so up to 15 bytes before and after it (at
- * a row's end: still inside the weights' 256-byte-aligned allocation). */
+/* Chunk k of a row: its nbk blocks, the first of them block kb of the
+ * activation's row, at byte off from the row's start, weighted by wt (1
+ * but for experts side by side, where each expert's part of the row is cut
+ * into cpe chunks of it alone). */
+struct gf_chunk {
+    int kb, nbk;
+    size_t off;
+    float wt;
+};
+
+template <class Q>
+static __device__ __forceinline__ gf_chunk gf_mv1_chunk(const gf_mv &p, int g, int k, int cb, int cpe)
+{
+    gf_chunk c;
+    if (!p.ne) {
+        c.kb = k * cb, c.nbk = min(cb, p.n / Q::BLK - c.kb), c.off = (size_t)c.kb * Q::BYTES, c.wt = 1.0f;
+    } else {
+        int be = p.ne / Q::BLK, e = k / cpe, s = k % cpe, i = g * (p.n / p.ne) + e;
+        c.kb = e * be + s * cb, c.nbk = min(cb, be - s * cb), c.wt = p.sw[i];
+        c.off = (size_t)p.ids[i] * p.estride + (size_t)s * cb * Q::BYTES;
+    }
+    return c;
+}
+
+/* Loads chunk c of the R rows at w[] into v: the 16-byte vectors that
+ * cover it, so up to 15 bytes before and after it (at a row's end: still
+ * inside the weights' 256-byte-aligned allocation). */
 template <class Q>
 static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_shape<Q>::NVL],
-                                                    const uint8_t *const (&w)[GF_MV1_R], int k, int cb, int nb,
-                                                    int lane)
+                                                    const uint8_t *const (&w)[GF_MV1_R], const gf_chunk &c, int lane)
 {
-    int nbk = min(cb, nb - k * cb);
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++) {
-        const uint8_t *s = w[j] + (size_t)k * cb * Q::BYTES;
+        const uint8_t *s = w[j] + c.off;
         const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
-        int nvec = ((int)((uintptr_t)s & 15) + nbk * Q::BYTES + 15) >> 4;
+        int nvec = ((int)((uintptr_t)s & 15) + c.nbk * Q::BYTES + 15) >> 4;
 #pragma unroll
         for (int i = 0; i < gf_mv1_shape<Q>::NVL; i++)
             if (lane + i * GPU_WARP < nvec)
@@ -576,21 +599,25 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     for (int j = 0; j < GF_MV1_R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
         part[j] = gf_mv_part(p, r, &rr[j]);
-        w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
+        w[j] = p.w[part[j]] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
     }
-    int nb = p.n / Q::BLK, nch = (nb + S::CB - 1) / S::CB, cb = (nb + nch - 1) / nch; /* balanced chunks */
+    /* balanced chunks of the row, or of each expert's part of it */
+    int nb = p.ne ? p.ne / Q::BLK : p.n / Q::BLK, cpe = (nb + S::CB - 1) / S::CB, cb = (nb + cpe - 1) / cpe;
+    int nch = p.ne ? cpe * (p.n / p.ne) : cpe;
     float acc[GF_MV1_R];
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++)
         acc[j] = 0.0f;
     int4 v[GF_MV1_R][S::NVL];
-    gf_mv1_fetch<Q>(v, w, 0, cb, nb, lane);
+    gf_chunk ck = gf_mv1_chunk<Q>(p, g, 0, cb, cpe);
+    gf_mv1_fetch<Q>(v, w, ck, lane);
     for (int k = 0; k < nch; k++) {
-        int kb = k * cb, nbk = min(cb, nb - kb);
+        int kb = ck.kb, nbk = ck.nbk;
+        float wt = ck.wt;
         const uint8_t *sb[GF_MV1_R];
 #pragma unroll
         for (int j = 0; j < GF_MV1_R; j++) {
-            uintptr_t s = (uintptr_t)(w[j] + (size_t)kb * Q::BYTES);
+            uintptr_t s = (uintptr_t)(w[j] + ck.off);
             int nvec = ((int)(s & 15) + nbk * Q::BYTES + 15) >> 4;
 #pragma unroll
             for (int i = 0; i < S::NVL; i++)
@@ -599,8 +626,10 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
             sb[j] = (const uint8_t *)sm[warp][j] + (s & 15);
         }
         __syncthreads();
-        if (k + 1 < nch)
-            gf_mv1_fetch<Q>(v, w, k + 1, cb, nb, lane);
+        if (k + 1 < nch) {
+            ck = gf_mv1_chunk<Q>(p, g, k + 1, cb, cpe);
+            gf_mv1_fetch<Q>(v, w, ck, lane);
+        }
         for (int u = lane; u < nbk * Q::UNITS; u += GPU_WARP) {
             int b = u / Q::UNITS;
             size_t bg = (size_t)kb + b;
@@ -609,9 +638,9 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
                 Q q;
                 q.load(sb[j] + b * Q::BYTES, u % Q::UNITS);
                 if constexpr (Q::FLOAT)
-                    acc[j] += q.dotf(af + bg * Q::BLK);
+                    acc[j] += wt * q.dotf(af + bg * Q::BLK);
                 else
-                    acc[j] += q.dot(aq + bg * Q::BLK, ads + bg * Q::BLK / GF_AB);
+                    acc[j] += wt * q.dot(aq + bg * Q::BLK, ads + bg * Q::BLK / GF_AB);
             }
         }
         __syncthreads();
@@ -639,17 +668,24 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     __shared__ float part[GF_ROW_THREADS / GPU_WARP];
     int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
     int rr, pt = gf_mv_part(p, r, &rr);
-    const uint8_t *w = p.w[pt] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
+    const uint8_t *w = p.w[pt] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
     for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
-        size_t b = (size_t)(u / Q::UNITS);
+        int b = u / Q::UNITS;
+        const uint8_t *wb = w + (size_t)b * Q::BYTES;
+        float wt = 1.0f;
+        if (p.ne) {   /* block b: block b % be of expert b / be's row */
+            int be = p.ne / Q::BLK, i = g * (p.n / p.ne) + b / be;
+            wb = w + (size_t)p.ids[i] * p.estride + (size_t)(b % be) * Q::BYTES, wt = p.sw[i];
+        }
         Q q;
-        q.load(w + b * Q::BYTES, u % Q::UNITS);
+        q.load(wb, u % Q::UNITS);
         if constexpr (Q::FLOAT)
-            acc += q.dotf(p.af + arow * p.n + b * Q::BLK);
+            acc += wt * q.dotf(p.af + arow * p.n + (size_t)b * Q::BLK);
         else
-            acc += q.dot(p.aq + arow * p.n + b * Q::BLK, p.ads + arow * (p.n / GF_AB) + b * Q::BLK / GF_AB);
+            acc += wt * q.dot(p.aq + arow * p.n + (size_t)b * Q::BLK,
+                              p.ads + arow * (p.n / GF_AB) + (size_t)b * Q::BLK / GF_AB);
     }
     acc = warp_sum(acc);
     if (lane == 0)
@@ -732,9 +768,9 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #pragma unroll
     for (int k = 0; k < UL; k++) {
         uw[k] = 1.0f;
-        if (p.ue) {
-            int i = g * (U / p.ue) + ub[k] / p.ue;
-            uo[k] = (size_t)p.ids[i] * p.estride + (size_t)(ub[k] % p.ue >> 2) * 144;
+        if (p.ne) {
+            int ue = p.ne / 64, i = g * (U / ue) + ub[k] / ue;
+            uo[k] = (size_t)p.ids[i] * p.estride + (size_t)(ub[k] % ue >> 2) * 144;
             uw[k] = p.sw[i];
         } else if (p.ids) {
             uo[k] += (size_t)p.ids[g] * p.estride;
@@ -1787,20 +1823,18 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
 }
 
 /* Decode: the experts' down products and their weighted sum added into x
- * in one launch, the T tokens' U experts side by side (gf_mv's ue); 1 where
- * the Q4_K decode kernel does not take the experts (the caller runs them
- * one by one, then gf_moe_sum_kernel). */
+ * in one launch, the T tokens' U experts side by side (gf_mv's ne); 1 for
+ * prompts (the caller runs them one by one, then gf_moe_sum_kernel). */
 static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T, int U, char *err, size_t errlen)
 {
-    int UL, S;
-    if (T > GF_DECODE_T || !gf_mvk_takes(dn->type, U * dn->n, &UL, &S))
+    if (T > GF_DECODE_T)
         return 1;
     gf_mv p;
     memset(&p, 0, sizeof p);
     p.w[0] = dn->d, p.parts = 1, p.end[0] = p.end[1] = p.end[2] = dn->rows;
     p.y[0] = c->x, p.y_g[0] = (size_t)c->g->hp.n_embd;
     p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
-    p.ids = c->sel, p.sw = c->selw, p.ue = dn->n / 256 * 4;
+    p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
     p.aq = c->aq, p.ads = c->ads, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }

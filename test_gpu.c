@@ -476,20 +476,39 @@ static void tg_testdata(const char *file)
     tg_random_model(label, path);
 }
 
-/* A small qwen3moe written by synth (Q4_K experts, F32 router). */
-static void tg_moe(void)
+/* A small qwen3moe written by synth (F32 router, the experts of `type`),
+ * n_embd wide: the decode step's experts side by side take the Q4_K kernel
+ * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
+ * SMs) or the staged one (2304). Returns its path, or NULL. */
+static const char *tg_moe_model(const char *type, const char *n_embd)
 {
-    const char *path = "/tmp/strata-test-gpu-moe.gguf";
-    char err[256];
-    char *argv[] = {"synth", "--arch", "qwen3moe", "--set", "n_embd=256", "--set", "n_layer=3", "--set",
+    static char path[64];
+    char err[256], label[64];
+    snprintf(path, sizeof path, "/tmp/strata-test-gpu-moe-%s.gguf", type);
+    snprintf(label, sizeof label, "qwen3moe-synth-%s n_embd=%s", type, n_embd + 7);
+    char *argv[] = {"synth", "--arch", "qwen3moe", "--set", (char *)n_embd, "--set", "n_layer=3", "--set",
                     "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=768",
                     "--set", "n_expert=16", "--set", "n_expert_used=4", "--set", "n_ff_exp=256", "--set",
-                    "n_vocab=2000", "--type", "Q4_K", "-o", (char *)path};
-    if (!test_begin_gpu("gpu/qwen3moe GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
-        return;
+                    "n_vocab=2000", "--type", (char *)type, "-o", path};
     if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
+        return NULL;
+    tg_random_model(label, path);
+    return path;
+}
+
+static void tg_moe(void)
+{
+    char err[256];
+    if (!test_begin_gpu("gpu/qwen3moe GPU vs CPU teacher-forced, Q4_K, Q6_K and Q8_0 experts (bound: 1.5x CPU vs "
+                        "f32ref + 0.05)"))
         return;
-    tg_random_model("qwen3moe-synth-Q4_K", path);
+    const char *path = tg_moe_model("Q6_K", "n_embd=256");
+    if (path)
+        remove(path);
+    if ((path = tg_moe_model("Q8_0", "n_embd=2304")) != NULL)
+        remove(path);
+    if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
+        return;
     /* a prompt chunk whose T·U expert groups exceed one launch: a clear error naming the option */
     struct model *m = NULL;
     struct tg_gpu t = {0};
