@@ -1356,28 +1356,10 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 
 /* ==== host: device facts, the table, the launchers ==== */
 
-/* Compute capability (major·10 + minor) and SM count of the current device,
- * cached per device. */
+/* Compute capability (major·10 + minor) and SM count of the current device. */
 static int ak_device(int *arch, int *sms, char *err, size_t errlen)
 {
-    static int c_arch[64], c_sms[64];
-    int dev = 0;
-    GPU_TRY(cudaGetDevice(&dev), err, errlen);
-    if (dev < 0 || dev >= 64 || !c_arch[dev]) {
-        int major = 0, minor = 0, n = 0;
-        GPU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), err, errlen);
-        GPU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), err, errlen);
-        GPU_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), err, errlen);
-        if (dev < 0 || dev >= 64) {
-            *arch = major * 10 + minor;
-            *sms = n;
-            return 0;
-        }
-        c_arch[dev] = major * 10 + minor;
-        c_sms[dev] = n;
-    }
-    *arch = c_arch[dev];
-    *sms = c_sms[dev];
+    GPU_TRY(gpu_device_facts(arch, sms), err, errlen);
     return 0;
 }
 

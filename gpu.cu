@@ -44,17 +44,11 @@ typedef float4 gf_ads;
  * for the one ahead, so letting it launch first is safe; its blocks then
  * take SMs as the kernel ahead's retire, and a matrix-vector kernel's weight
  * loads, which wait for nothing, fill the tail of the one ahead and the
- * small kernels between (GF_PDL_EARLY=0 at build time: wait first). */
-#ifndef GF_PDL_EARLY
-#define GF_PDL_EARLY 1
-#endif
+ * small kernels between (+1.5% in decode against waiting first, BENCH.md). */
 static __device__ __forceinline__ void gf_pdl_begin()
 {
-    if (GF_PDL_EARLY)
-        gpu_grid_launch_dependents();
+    gpu_grid_launch_dependents();
     gpu_grid_wait();
-    if (!GF_PDL_EARLY)
-        gpu_grid_launch_dependents();
 }
 
 static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
@@ -409,6 +403,17 @@ struct gf_mv {
     const float *sw;
 };
 
+/* Experts side by side: block b (blk columns in bytes bytes) of group g's
+ * row lies at the returned byte offset from its row's start in w[0] (in
+ * its expert's matrix); *wt is that expert's weight. */
+static __device__ __forceinline__ size_t gf_expert_block(const gf_mv &p, int g, int b, int blk, int bytes,
+                                                         float *wt)
+{
+    int be = p.ne / blk, i = g * (p.n / p.ne) + b / be;
+    *wt = p.sw[i];
+    return (size_t)p.ids[i] * p.estride + (size_t)(b % be) * bytes;
+}
+
 /* row r of a launch's rows: its matrix (the part) and its row in it */
 static __device__ __forceinline__ int gf_mv_part(const gf_mv &p, int r, int *rr)
 {
@@ -553,9 +558,9 @@ static __device__ __forceinline__ gf_chunk gf_mv1_chunk(const gf_mv &p, int g, i
     if (!p.ne) {
         c.kb = k * cb, c.nbk = min(cb, p.n / Q::BLK - c.kb), c.off = (size_t)c.kb * Q::BYTES, c.wt = 1.0f;
     } else {
-        int be = p.ne / Q::BLK, e = k / cpe, s = k % cpe, i = g * (p.n / p.ne) + e;
-        c.kb = e * be + s * cb, c.nbk = min(cb, be - s * cb), c.wt = p.sw[i];
-        c.off = (size_t)p.ids[i] * p.estride + (size_t)s * cb * Q::BYTES;
+        int be = p.ne / Q::BLK, s = k % cpe;
+        c.kb = k / cpe * be + s * cb, c.nbk = min(cb, be - s * cb);
+        c.off = gf_expert_block(p, g, c.kb, Q::BLK, Q::BYTES, &c.wt);
     }
     return c;
 }
@@ -673,12 +678,8 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     float acc = 0.0f;
     for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
         int b = u / Q::UNITS;
-        const uint8_t *wb = w + (size_t)b * Q::BYTES;
         float wt = 1.0f;
-        if (p.ne) {   /* block b: block b % be of expert b / be's row */
-            int be = p.ne / Q::BLK, i = g * (p.n / p.ne) + b / be;
-            wb = w + (size_t)p.ids[i] * p.estride + (size_t)(b % be) * Q::BYTES, wt = p.sw[i];
-        }
+        const uint8_t *wb = w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt) : (size_t)b * Q::BYTES);
         Q q;
         q.load(wb, u % Q::UNITS);
         if constexpr (Q::FLOAT)
@@ -769,9 +770,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     for (int k = 0; k < UL; k++) {
         uw[k] = 1.0f;
         if (p.ne) {
-            int ue = p.ne / 64, i = g * (U / ue) + ub[k] / ue;
-            uo[k] = (size_t)p.ids[i] * p.estride + (size_t)(ub[k] % ue >> 2) * 144;
-            uw[k] = p.sw[i];
+            uo[k] = gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]);
         } else if (p.ids) {
             uo[k] += (size_t)p.ids[g] * p.estride;
         }
@@ -1608,12 +1607,9 @@ static int gf_mvk_shape(int n, int *UL)
 static int gf_pdl_ok(void)
 {
     static int ok = -1;   /* one device per process: decided at the first launch */
-    if (ok < 0) {
-        int dev = 0, major = 0;
-        ok = gpuGetDevice(&dev) == gpuSuccess &&
-             gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, dev) == gpuSuccess && major >= 9 &&
-             !gf_env("STRATA_GPU_NO_PDL");
-    }
+    int arch = 0, sms = 0;
+    if (ok < 0)
+        ok = gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 90 && !gf_env("STRATA_GPU_NO_PDL");
     return ok;
 }
 #endif
@@ -1628,15 +1624,11 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
 #endif
 }
 
-/* the device's SMs (one device per process: asked once; 0 if the query fails) */
+/* the device's SMs (0 if the query fails) */
 static int gf_sms(void)
 {
-    static int sms = -1;
-    int dev = 0, n = 0;
-    if (sms < 0)
-        sms = gpuGetDevice(&dev) == gpuSuccess &&
-              gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, dev) == gpuSuccess ? n : 0;
-    return sms;
+    int arch = 0, sms = 0;
+    return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
 template <int UL>

@@ -60,6 +60,7 @@ static inline void gpu_hip_drop(hipError_t e) { (void)e; }
 #define gpuDeviceGetAttribute hipDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define gpuDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define gpuDevAttrComputeCapabilityMinor hipDeviceAttributeComputeCapabilityMinor
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, t, sm) \
     hipOccupancyMaxActiveBlocksPerMultiprocessor(n, (const void *)(f), t, sm)
 #ifdef __AMDGCN_WAVEFRONT_SIZE
@@ -118,6 +119,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuDeviceGetAttribute cudaDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define gpuDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define gpuDevAttrComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define GPU_WARP 32
 #define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, v, m)
@@ -173,6 +175,32 @@ static __device__ __forceinline__ void gpu_grid_launch_dependents()
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+/* The current device's compute capability (major·10 + minor) and SM
+ * count, asked of the runtime once per device (each file that calls this
+ * keeps its own answers). */
+static inline gpuError_t gpu_device_facts(int *arch, int *sms)
+{
+    static int c_arch[64], c_sms[64];
+    int dev = 0, major = 0, minor = 0, n = 0;
+    gpuError_t e = gpuGetDevice(&dev);
+    if (e != gpuSuccess)
+        return e;
+    int cached = dev >= 0 && dev < 64;
+    if (!cached || !c_arch[dev]) {
+        if ((e = gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, dev)) != gpuSuccess ||
+            (e = gpuDeviceGetAttribute(&minor, gpuDevAttrComputeCapabilityMinor, dev)) != gpuSuccess ||
+            (e = gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, dev)) != gpuSuccess)
+            return e;
+        if (!cached) {
+            *arch = major * 10 + minor, *sms = n;
+            return gpuSuccess;
+        }
+        c_arch[dev] = major * 10 + minor, c_sms[dev] = n;
+    }
+    *arch = c_arch[dev], *sms = c_sms[dev];
+    return gpuSuccess;
 }
 
 template <typename... P, typename... A>

@@ -616,11 +616,8 @@ static int gg_use_mma(void)
     const char *env = getenv("STRATA_GEMM_PORTABLE");
     if (env && env[0] == '1')
         return 0;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        return 0;
-    return major >= 8;
+    int arch = 0, sms = 0;
+    return gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
 }
 #endif
 
@@ -644,9 +641,9 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
         /* the 256-token tile above 1024 tokens, and from 512 where the 128-token
          * tile's grid would leave half the SMs idle (k and v at 512 tokens, split
          * 8 ways: 88-94 TFLOP/s on the H200 against 49-62 with 128-token tiles) */
-        int dev = 0, sms = 0, rc;
+        int dev = 0, arch = 0, sms = 0, rc;
         GPU_TRY(cudaGetDevice(&dev), err, errlen);
-        GPU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err, errlen);
+        GPU_TRY(gpu_device_facts(&arch, &sms), err, errlen);
         const char *bm = getenv("STRATA_GEMM_BM");
         int small_grid = (rows + GG_BN - 1) / GG_BN * ((T + 127) / 128) < sms / 2;
         int big = bm ? atoi(bm) == 256 : T > 1024 || (T >= 512 && small_grid);
