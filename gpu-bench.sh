@@ -22,7 +22,8 @@
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
 # SWEEP_SHAPE, default qwen3-8b, SWEEP_TYPE, default q4_k; SWEEP_P prompt
-# tokens, default 4096).
+# tokens, default 4096; SWEEP_ARGS replaces the bench arguments, e.g.
+# "-p 0 -n 128 -d 32768 -r 3 -c 33024 --kv int8" for decode at 32K).
 # STRATA=path runs another strata binary; BUDGET=s skips the steps that would
 # start after s seconds (a run has a time limit). The test log goes to $OUT
 # when that is set (the device tool's folder that comes back).
@@ -65,12 +66,12 @@ bench_model() { # name shape type
 
 sweep() { # tg128 and a prompt (chunk 2048) of a model per setting in SWEEP
     local m=$T/sweep.gguf shape=${SWEEP_SHAPE:-qwen3-8b} p=${SWEEP_P:-4096}
+    local args=${SWEEP_ARGS:-"-p $p -n 128 -r 5 -c $((p + 256)) --prefill-chunk 2048"}
     $S synth --shape $shape --type ${SWEEP_TYPE:-q4_k} -o "$m" >/dev/null || return
-    echo "== sweep: $shape ${SWEEP_TYPE:-q4_k}, pp$p then tg128"
+    echo "== sweep: $shape ${SWEEP_TYPE:-q4_k}, bench $args"
     for e in ${SWEEP:-}; do
         echo "-- $e"
-        env ${e//+/ } $S bench -m "$m" --device gpu -p $p -n 128 -r 5 -c $((p + 256)) --prefill-chunk 2048 \
-            2>/dev/null | grep -E '^(prompt|decode) '
+        env ${e//+/ } $S bench -m "$m" --device gpu $args 2>/dev/null | grep -E '^(prompt|decode) '
     done
     rm -f "$m"
 }

@@ -1308,7 +1308,6 @@ struct gpu_ctx {
     gf_ads *ads;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
     int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
-    int32_t *offs_host;    /* pinned (X + 1) */
     float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
@@ -1858,14 +1857,15 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
 }
 
 /* A prompt's experts as matrix products: the (token, expert) pairs sorted
- * by expert (gf_moe_sort_kernel; the host reads the offsets: one
- * synchronisation a layer), their rows gathered in that order, and gpu_gemm
- * over each used expert's contiguous rows (at most T: a token's experts
- * differ) for gate and up; SwiGLU on the sorted rows; down the same way;
- * then the outputs scattered back to pair order for gf_moe_sum_kernel.
- * Returns 1 where not taken (decode, types gpu_gemm lacks, more than 1024
- * experts, STRATA_GPU_MOE_PAIRS=1, a gpu_gemm failure): the caller runs the
- * pairs through the matrix-vector kernels. */
+ * by expert (gf_moe_sort_kernel, which writes each expert's offset into the
+ * sorted pairs), their rows gathered in that order, and one grouped
+ * product (gpu_gemm_experts: every expert's contiguous rows times its
+ * matrix, in one launch that reads the offsets on the device, so the host
+ * never waits) each for gate and up; SwiGLU on the sorted rows; down the
+ * same way; then the outputs scattered back to pair order for
+ * gf_moe_sum_kernel. Returns 1 where not taken (decode, types gpu_gemm
+ * lacks, more than 1024 experts, STRATA_GPU_MOE_PAIRS=1, a gpu_gemm
+ * failure): the caller runs the pairs through the matrix-vector kernels. */
 static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, char *err, size_t errlen)
 {
     const struct model_hp *hp = &c->g->hp;
@@ -1879,29 +1879,19 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
               c->order, c->offs);
     gf_launch(gf_rows_kernel, n, 256, 0, s, c->xs, (const float *)c->xn, (const int32_t *)c->order, U, D, 0);
     GF_LAUNCH_CHECK(err, errlen);
-    GPU_TRY(gpuMemcpyAsync(c->offs_host, c->offs, (size_t)(X + 1) * sizeof(int32_t), gpuMemcpyDeviceToHost, s),
-            err, errlen);
-    GPU_TRY(gpuStreamSynchronize(s), err, errlen);
-    const int32_t *off = c->offs_host;
-    for (int e = 0; e < X; e++) {
-        int m = off[e + 1] - off[e];
-        if (m > 0 &&
-            (gpu_gemm(gw->type, gw->d + e * gw->stride, gw->ldw, D, Fe, c->xs + (size_t)off[e] * D, m,
-                      c->gt + (size_t)off[e] * Fe, Fe, c->gemm_scratch, s, err, errlen) ||
-             gpu_gemm(uw->type, uw->d + e * uw->stride, uw->ldw, D, Fe, c->xs + (size_t)off[e] * D, m,
-                      c->up + (size_t)off[e] * Fe, Fe, c->gemm_scratch, s, err, errlen)))
-            return c->gemm_ok = 0, 1;   /* as gf_matmul_n: the matrix-vector kernels from now on (they redo it all) */
-    }
+    /* (a failure: as gf_matmul_n, the matrix-vector kernels from now on; they redo it all) */
+    if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
+                         c->gemm_scratch, s, err, errlen) ||
+        gpu_gemm_experts(uw->type, uw->d, uw->ldw, uw->stride, D, Fe, c->xs, n, c->offs, X, c->up, Fe,
+                         c->gemm_scratch, s, err, errlen))
+        return c->gemm_ok = 0, 1;
     gf_mark(c, GF_ST_GATE_UP);
     if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, c->gt, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
-    for (int e = 0; e < X; e++) {
-        int m = off[e + 1] - off[e];
-        if (m > 0 && gpu_gemm(dw->type, dw->d + e * dw->stride, dw->ldw, Fe, D, c->gt + (size_t)off[e] * Fe, m,
-                              c->xs + (size_t)off[e] * D, D, c->gemm_scratch, s, err, errlen))
-            return c->gemm_ok = 0, 1;
-    }
+    if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,
+                         c->gemm_scratch, s, err, errlen))
+        return c->gemm_ok = 0, 1;
     gf_launch(gf_rows_kernel, n, 256, 0, s, c->eo, (const float *)c->xs, (const int32_t *)c->order, 1, D, 1);
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
@@ -2026,8 +2016,6 @@ void gpu_ctx_free(struct gpu_ctx *c)
         gpuFreeHost(c->io_host);
     if (c->lg_host)
         gpuFreeHost(c->lg_host);
-    if (c->offs_host)
-        gpuFreeHost(c->offs_host);
     if (c->stream)
         gpuStreamDestroy(c->stream);
     free(c);
@@ -2079,11 +2067,16 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     size_t gemm = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct gf_layer *ly = &g->layers[il];
-        const struct gf_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down,
-                                       &ly->gate_exps, &ly->up_exps, &ly->down_exps};
+        const struct gf_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             if (mats[i]->d && gpu_gemm_supports(mats[i]->type)) {
                 size_t b = gpu_gemm_scratch_bytes(mats[i]->type, mats[i]->n, mats[i]->rows, T);
+                gemm = b > gemm ? b : gemm;
+            }
+        const struct gf_mat *exps[] = {&ly->gate_exps, &ly->up_exps, &ly->down_exps};   /* MU sorted rows */
+        for (size_t i = 0; i < sizeof exps / sizeof exps[0]; i++)
+            if (exps[i]->d) {
+                size_t b = gpu_gemm_experts_scratch_bytes(exps[i]->n, (int)MU);
                 gemm = b > gemm ? b : gemm;
             }
     }
@@ -2124,8 +2117,6 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
         e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
         if (e == gpuSuccess)
             e = gpuMallocHost((void **)&c->lg_host, (size_t)hp->n_vocab * sizeof(float));
-        if (e == gpuSuccess)
-            e = gpuMallocHost((void **)&c->offs_host, (size_t)(hp->n_expert + 1) * sizeof(int32_t));
         if (e != gpuSuccess)
             rc = strata_errf(err, errlen, "gpuMallocHost: %s", gpuGetErrorString(e));
     }

@@ -107,6 +107,17 @@ int gpu_attn_rdna2_test(const struct gpu_attn *host, int n_pages, int max_pages,
 size_t gpu_gemm_scratch_bytes(int type, int n, int rows, int T);
 int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
              size_t ldy, void *scratch, void *stream, char *err, size_t errlen);
+/* Grouped products (a prompt's MoE experts), one launch: rows offs[e] ..
+ * offs[e+1] - 1 of x (T, n) times matrix e, at w + e·estride bytes (X
+ * matrices of `rows` rows), into the same rows of y. offs (X + 1 entries,
+ * offs[X] <= T) lives on the device and may come from a kernel ahead on the
+ * stream: the host never waits for it. Rows from offs[X] are not written.
+ * Numerics as gpu_gemm's own kernels (no vendor gemm). scratch:
+ * gpu_gemm_experts_scratch_bytes. */
+int gpu_gemm_experts(int type, const void *w, size_t ldw, size_t estride, int n, int rows, const float *x, int T,
+                     const int32_t *offs, int X, float *y, size_t ldy, void *scratch, void *stream, char *err,
+                     size_t errlen);
+size_t gpu_gemm_experts_scratch_bytes(int n, int T);
 /* Whether gpu_gemm takes this block type (the others stay on gpu.cu's
  * matrix-vector kernels). */
 int gpu_gemm_supports(int type);

@@ -12,7 +12,9 @@
  * split along k (partials in the scratch, summed in a fixed order) when the
  * grid is too small to fill the device; elsewhere (older cards,
  * HIP, shapes the mma kernel does not tile, or STRATA_GEMM_PORTABLE=1) a
- * tiled f32 kernel without matrix units. Must not: allocate, synchronise, or
+ * tiled f32 kernel without matrix units. gpu_gemm_experts runs many
+ * matrices' products in one launch of the same kernels (a prompt's MoE
+ * experts, each over its own rows; gg_groups). Must not: allocate, synchronise, or
  * keep state between calls (so gpu.cu can capture the launches in a graph),
  * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
@@ -102,6 +104,47 @@ __global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, O *y, 
     gg_store16(y + (size_t)r * ldy + 16 * i16, f, min(16, n - 16 * i16));
 }
 
+/* ==== groups: one launch for many matrices (gpu_gemm_experts) ====
+ * x's rows come in X groups, group e the rows offs[e] .. offs[e+1] - 1 (offs
+ * on the device, written by a kernel ahead: the host never reads it), each
+ * multiplied by its own matrix at w + e·estride into the same rows of y.
+ * blockIdx.y counts the groups' tiles of bm rows in group order; the grid
+ * has room for the most tiles any offsets give (T / bm + X), and blocks
+ * past the last tile return at once. */
+struct gg_groups {
+    const int32_t *offs; /* NULL: one matrix, blockIdx.y the tile of the T rows */
+    int X;
+    size_t estride;
+};
+
+static int gg_group_tiles(const gg_groups &gr, int T, int bm)
+{
+    return (T + bm - 1) / bm + (gr.offs ? gr.X : 0);
+}
+
+/* The first row of this block's tile within its group, with w, x, y and T
+ * moved to the group; -1 for a block past the last tile. */
+template <class XT>
+static __device__ __forceinline__ int gg_group(const gg_groups &gr, int bm, int n, const uint8_t **w,
+                                               const XT **x, float **y, size_t ldy, int *T)
+{
+    if (!gr.offs)
+        return blockIdx.y * bm;
+    int t = blockIdx.y;
+    for (int e = 0; e < gr.X; e++) {
+        int r0 = gr.offs[e], m = gr.offs[e + 1] - r0, tiles = (m + bm - 1) / bm;
+        if (t < tiles) {
+            *w += e * gr.estride;
+            *x += (size_t)r0 * n;
+            *y += (size_t)r0 * ldy;
+            *T = m;
+            return t * bm;
+        }
+        t -= tiles;
+    }
+    return -1;
+}
+
 /* ==== portable tiled kernel: f32, no matrix units ==== */
 
 #define GG_TM 64 /* tokens per block */
@@ -111,12 +154,14 @@ __global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, O *y, 
  * shared reads of a warp are broadcasts or consecutive words). */
 template <int TYPE>
 __global__ void __launch_bounds__(GG_THREADS) gg_tiled(const uint8_t *w, size_t ldw, int n, int rows,
-                                                       const float *x, int T, float *y, size_t ldy)
+                                                       const float *x, int T, float *y, size_t ldy, gg_groups gr)
 {
     __shared__ float xs[GG_BK][GG_TM + 1]; /* (k, token) */
     __shared__ float ws[GG_BK][GG_TN + 1]; /* (k, weight row) */
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    int m0 = blockIdx.y * GG_TM, n0 = blockIdx.x * GG_TN;
+    int m0 = gg_group(gr, GG_TM, n, &w, &x, &y, ldy, &T), n0 = blockIdx.x * GG_TN;
+    if (m0 < 0)
+        return;
     float acc[4][4] = {};
     for (int k0 = 0; k0 < n; k0 += GG_BK) {
         for (int e = tid; e < GG_TM * GG_BK; e += GG_THREADS) {
@@ -279,7 +324,8 @@ static __host__ __device__ constexpr size_t gg_smem_bytes(int type, int bm)
  * 4-byte aligned (the host checks). */
 template <int TYPE, int WM, int MT>
 __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, int n, int rows,
-                                                  const __half *xh, int T, float *y, size_t ldy, size_t ysplit)
+                                                  const __half *xh, int T, float *y, size_t ldy, size_t ysplit,
+                                                  gg_groups gr)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int NTH = 64 * WM, BM = 16 * MT * WM, NT = 8, SA = GG_SA;
@@ -294,7 +340,9 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
     unsigned *raw = (unsigned *)(gg_sm + (SA * BM + 2 * GG_BN) * GG_LD * 2);            /* (RR, BN, RS) */
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp >> 1, wn = warp & 1;
-    int m0 = blockIdx.y * BM, n0 = blockIdx.x * GG_BN;
+    int m0 = gg_group(gr, BM, n, &w, &xh, &y, ldy, &T), n0 = blockIdx.x * GG_BN;
+    if (m0 < 0)
+        return;
     int ns_all = n / gg_sup(TYPE);
     int s0 = (int)((long long)blockIdx.z * ns_all / gridDim.z);
     int ns = (int)((long long)(blockIdx.z + 1) * ns_all / gridDim.z) - s0, nk = ns * NSUB, kt0 = s0 * NSUB;
@@ -433,7 +481,7 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
                     dst[1] = acc[mt][nt][2 * h + 1];
             }
 #else
-    (void)w, (void)ldw, (void)n, (void)rows, (void)xh, (void)T, (void)y, (void)ldy, (void)ysplit;
+    (void)w, (void)ldw, (void)n, (void)rows, (void)xh, (void)T, (void)y, (void)ldy, (void)ysplit, (void)gr;
 #endif
 }
 
@@ -475,7 +523,8 @@ static size_t gg_xh_bytes(int n, int T)
  * -4 to -10%); STRATA_GEMM_SPLIT=N forces N (tests). */
 template <int TYPE, int WM, int MT>
 static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half *xh, int T, float *y,
-                     size_t ldy, void *scratch, int dev, int sms, gpuStream_t st, char *err, size_t errlen)
+                     size_t ldy, const gg_groups &gr, void *scratch, int dev, int sms, gpuStream_t st, char *err,
+                     size_t errlen)
 {
     constexpr int BM = 16 * MT * WM;
     constexpr size_t smem = gg_smem_bytes(TYPE, BM);
@@ -488,21 +537,21 @@ static int gg_launch(const uint8_t *w, size_t ldw, int n, int rows, const __half
      * operation (allowed while a graph is captured) */
     GPU_TRY(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err, errlen);
     GPU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 64 * WM, smem), err, errlen);
-    dim3 grid((rows + GG_BN - 1) / GG_BN, (T + BM - 1) / BM, 1);
+    dim3 grid((rows + GG_BN - 1) / GG_BN, gg_group_tiles(gr, T, BM), 1);
     int blocks = (int)(grid.x * grid.y), ns = n / gg_sup(TYPE);
     int splits = min(min(sms * max(per_sm, 1) / blocks, GG_MAX_SPLIT), ns);
     const char *fs = getenv("STRATA_GEMM_SPLIT");
     if (fs)
         splits = max(1, min(min(atoi(fs), GG_MAX_SPLIT), ns));
     splits = min(splits, (int)(gg_part_bytes(rows, T) / ((size_t)T * rows * sizeof(float))));
-    if (splits < 2) {
-        kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, y, ldy, 0);
+    if (splits < 2 || gr.offs) {   /* (groups fill the device with their own tiles) */
+        kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, y, ldy, 0, gr);
         GPU_TRY(gpuGetLastError(), err, errlen);
         return 0;
     }
     float *part = (float *)((char *)scratch + gg_xh_bytes(n, T)); /* (splits, T, rows) */
     grid.z = splits;
-    kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, part, rows, (size_t)T * rows);
+    kern<<<grid, 64 * WM, smem, st>>>(w, ldw, n, rows, xh, T, part, rows, (size_t)T * rows, gr);
     GPU_TRY(gpuGetLastError(), err, errlen);
     size_t count = (size_t)T * rows;
     gg_sum_splits<<<(unsigned)((count + 255) / 256), 256, 0, st>>>(part, splits, T, rows, y, ldy);
@@ -621,16 +670,19 @@ static int gg_use_mma(void)
 }
 #endif
 
+/* Groups (gr.offs) take Strata's own kernels (the vendor gemm would need
+ * the group sizes on the host), without split-K, the tile chosen by the
+ * mean group's rows. */
 template <int TYPE>
 static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
-                  size_t ldy, void *scratch, gpuStream_t st, char *err, size_t errlen)
+                  size_t ldy, const gg_groups &gr, void *scratch, gpuStream_t st, char *err, size_t errlen)
 {
 #ifdef GPU_CUDA
     const struct quant_type *qt = quant_type(TYPE);
     if (qt->blck != gg_blck(TYPE) || (int)qt->size != gg_bsize(TYPE))
         return strata_errf(err, errlen, "gpu_gemm: %s's layout differs from quant.c's", qt->name);
-    int mma = gg_use_mma(), blas = mma && gg_blas_ok(n, T) && ldy <= INT_MAX;
-    if ((blas || (mma && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0)) &&
+    int mma = gg_use_mma(), blas = mma && !gr.offs && gg_blas_ok(n, T) && ldy <= INT_MAX;
+    if ((blas || (mma && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0 && gr.estride % 4 == 0)) &&
         ((uintptr_t)x & 7) == 0) {
         __half *xh = (__half *)scratch;
         size_t pairs = (size_t)T * n / 2; /* n is even here */
@@ -645,23 +697,24 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
         GPU_TRY(cudaGetDevice(&dev), err, errlen);
         GPU_TRY(gpu_device_facts(&arch, &sms), err, errlen);
         const char *bm = getenv("STRATA_GEMM_BM");
+        int Tm = gr.offs ? (T + gr.X - 1) / gr.X : T;
         int small_grid = (rows + GG_BN - 1) / GG_BN * ((T + 127) / 128) < sms / 2;
-        int big = bm ? atoi(bm) == 256 : T > 1024 || (T >= 512 && small_grid);
-        if (T <= 32)
-            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
-        else if (T <= 64)
-            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
+        int big = bm ? atoi(bm) == 256 : Tm > 1024 || (Tm >= 512 && small_grid);
+        if (Tm <= 32)
+            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
+        else if (Tm <= 64)
+            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
         else if (!big)
-            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
+            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
         else
-            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, scratch, dev, sms, st, err, errlen);
+            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
         if (rc <= 0)
             return rc;
     }
 #endif
     (void)scratch;
-    dim3 grid((rows + GG_TN - 1) / GG_TN, (T + GG_TM - 1) / GG_TM);
-    gg_tiled<TYPE><<<grid, GG_THREADS, 0, st>>>(w, ldw, n, rows, x, T, y, ldy);
+    dim3 grid((rows + GG_TN - 1) / GG_TN, gg_group_tiles(gr, T, GG_TM));
+    gg_tiled<TYPE><<<grid, GG_THREADS, 0, st>>>(w, ldw, n, rows, x, T, y, ldy, gr);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
@@ -727,8 +780,8 @@ int gpu_dequant(int type, const void *w, size_t ldw, int n, int rows, float *y, 
     return 0;
 }
 
-int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
-             size_t ldy, void *scratch, void *stream, char *err, size_t errlen)
+static int gg_call(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+                   size_t ldy, const gg_groups &gr, void *scratch, void *stream, char *err, size_t errlen)
 {
     const uint8_t *wb = (const uint8_t *)w;
     gpuStream_t st = (gpuStream_t)stream;
@@ -746,12 +799,39 @@ int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *
     switch (type) {
 #define GG_CASE(t)                                                                      \
     case t:                                                                             \
-        return gg_run<t>(wb, ldw, n, rows, x, T, y, ldy, scratch, st, err, errlen);
+        return gg_run<t>(wb, ldw, n, rows, x, T, y, ldy, gr, scratch, st, err, errlen);
         GG_TYPES(GG_CASE)
 #undef GG_CASE
     default:
         return strata_errf(err, errlen, "gpu_gemm: block type %d is not supported", type);
     }
+}
+
+int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
+             size_t ldy, void *scratch, void *stream, char *err, size_t errlen)
+{
+    gg_groups gr = {NULL, 0, 0};
+    return gg_call(type, w, ldw, n, rows, x, T, y, ldy, gr, scratch, stream, err, errlen);
+}
+
+int gpu_gemm_experts(int type, const void *w, size_t ldw, size_t estride, int n, int rows, const float *x, int T,
+                     const int32_t *offs, int X, float *y, size_t ldy, void *scratch, void *stream, char *err,
+                     size_t errlen)
+{
+    if (X <= 0 || !offs)
+        return strata_errf(err, errlen, "gpu_gemm_experts: %d groups, offsets %p", X, (const void *)offs);
+    gg_groups gr = {offs, X, estride};
+    return gg_call(type, w, ldw, n, rows, x, T, y, ldy, gr, scratch, stream, err, errlen);
+}
+
+size_t gpu_gemm_experts_scratch_bytes(int n, int T)
+{
+#ifdef GPU_CUDA
+    return gg_xh_bytes(n, T);
+#else
+    (void)n, (void)T;
+    return 0;
+#endif
 }
 
 /* ==== test and benchmark support ==== */

@@ -514,11 +514,104 @@ static void tg_bench(void)
     }
 }
 
+/* ==== gpu_gemm_experts: groups against FP64 ====
+ * Six matrices of 200 rows (row tiles clamp at the end) over groups of 0,
+ * 37, 1, 132, 130 and 1 rows, 9 rows after the last group that must stay
+ * untouched, as must the row gaps; each group's rows against the FP64
+ * product with its own matrix, by the gemm bounds above. Kernels: the
+ * tensor-core choice (128-row tiles at this mean), the 256-row tile, and
+ * the tiled f32 kernel. */
+static void tg_experts(void)
+{
+    if (!test_begin_gpu("gpu/gemm/experts"))
+        return;
+    static const int types[] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K};
+    static const int32_t offs[] = {0, 0, 37, 38, 170, 300, 301};
+    enum { X = 6, ROWS = 200, N = 512, T = 310 };
+    const int kernels[] = {TG_OWN, TG_BM256, TG_TILED};
+    size_t ldy = ROWS + 4, ybytes = ldy * T * sizeof(float);
+    unsigned st = 4242u;
+    float *x = malloc((size_t)T * N * sizeof(float)), *y = malloc(ybytes);
+    double *ref = malloc((size_t)T * ROWS * sizeof(double));
+    void *dx = gpu_test_alloc((size_t)T * N * sizeof(float)), *dy = gpu_test_alloc(ybytes);
+    void *doffs = tg_upload(offs, sizeof offs);
+    size_t sbytes = gpu_gemm_experts_scratch_bytes(N, T);
+    void *scratch = gpu_test_alloc(sbytes ? sbytes : 16);
+    if (!CHECK(x && y && ref && dx && dy && doffs && scratch, "out of memory"))
+        goto done;
+    for (int k = 0; k < T * N; k++)
+        x[k] = 2.f * test_randf(&st);
+    if (!CHECK(gpu_test_copy(dx, x, (size_t)T * N * sizeof(float), 0) == 0, "upload"))
+        goto done;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        int type = types[ti];
+        const char *tname = quant_type(type)->name;
+        uint8_t *w;
+        size_t ldw;
+        float *deq;
+        if (!CHECK(tg_weights(type, N, X * ROWS, 900u + (unsigned)ti, &w, &ldw, &deq) == 0, "weights"))
+            continue;
+        void *dw = tg_upload(w, ldw * X * ROWS);
+        for (int e = 0; e < X; e++) { /* the reference: group e's rows times matrix e */
+            struct tg_ref rj = {x + (size_t)offs[e] * N, deq + (size_t)e * ROWS * N, N, ROWS,
+                                ref + (size_t)offs[e] * ROWS};
+            tg_parallel(offs[e + 1] - offs[e], tg_ref_token, &rj);
+        }
+        double worst[3] = {0, 0, 0};
+        for (int ki = 0; ki < 3 && dw; ki++) {
+            char err[256] = "";
+            const char *kname = tg_kname[kernels[ki]];
+            tg_kernel_env(kernels[ki]);
+            int ok = CHECK(gpu_gemm_test_fill(dy, 0xff, ybytes) == 0, "fill failed") &&
+                     CHECK(gpu_gemm_experts(type, dw, ldw, ldw * ROWS, N, ROWS, dx, T, doffs, X, dy, ldy, scratch,
+                                            NULL, err, sizeof err) == 0, "%s %s: %s", tname, kname, err) &&
+                     CHECK(gpu_test_copy(y, dy, ybytes, 1) == 0, "%s %s: copy back failed (a kernel fault)", tname,
+                           kname);
+            tg_kernel_env(TG_DEFAULT);
+            if (!ok)
+                continue;
+            double se = 0, sr = 0;
+            long nonfinite = 0, touched = 0;
+            for (int t = 0; t < T; t++)
+                for (size_t i = 0; i < ldy; i++) {
+                    float v = y[t * ldy + i];
+                    if (t >= offs[X] || i >= ROWS) {
+                        touched += tg_bits(v) != 0xffffffffu;
+                        continue;
+                    }
+                    double r = ref[(size_t)t * ROWS + i], d = v - r;
+                    nonfinite += !isfinite(v);
+                    se += isfinite(v) ? d * d : 0;
+                    sr += r * r;
+                }
+            double nerr = sqrt(se / sr), bound = kernels[ki] == TG_TILED ? TG_BOUND_F32 : TG_BOUND_MMA;
+            worst[ki] = nerr;
+            CHECK(nonfinite == 0, "%s %s: %ld outputs not finite (unwritten or NaN)", tname, kname, nonfinite);
+            CHECK(touched == 0, "%s %s: %ld values written outside the groups' rows", tname, kname, touched);
+            CHECK(nerr <= bound, "%s %s: normalised error %.3g > %.3g", tname, kname, nerr, bound);
+        }
+        printf("  experts %-5s nerr: own %.2e, bm256 %.2e [bound %.0e]; tiled %.2e [bound %.0e]\n", tname,
+               worst[0], worst[1], TG_BOUND_MMA, worst[2], TG_BOUND_F32);
+        gpu_test_free(dw);
+        free(w);
+        free(deq);
+    }
+done:
+    gpu_test_free(dx);
+    gpu_test_free(dy);
+    gpu_test_free(doffs);
+    gpu_test_free(scratch);
+    free(x);
+    free(y);
+    free(ref);
+}
+
 void test_gpu_gemm(void)
 {
     tg_dequant();
     for (int i = 0; i < TG_NTYPES; i++)
         tg_gemm_type(i);
+    tg_experts();
     tg_bench();
 }
 
