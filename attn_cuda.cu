@@ -1628,13 +1628,17 @@ struct akd_cfg {
     int nst, per_sm, dyn, pdl, mc, pgreg, i8c, c;
 };
 
-/* max_cells from which int8 cells of head dim 128 take ROW_I8C with
- * 32-entry steps: on the H200 at 32K cells 44 us a layer against 55 with
- * 16-entry padded rows, but 18.6 against 17.0 at 4K and 12.5 against 11.0
- * at 512 live cells (one step a warp, half the blocks), so a short context
- * keeps 16; the choice is made per capture (max_cells), never per
- * position (a graph replays at any). */
+/* max_cells from which int8 cells of head dim 128 take 32-entry steps, in
+ * ROW_I8C rows where a KV head serves up to AKD_I8C_G query heads: on the
+ * H200 at 32K cells 44 us a layer against 55 with 16-entry padded rows, but
+ * 18.6 against 17.0 at 4K and 12.5 against 11.0 at 512 live cells (one step
+ * a warp, half the blocks), so a short context keeps 16; the choice is made
+ * per capture (max_cells), never per position (a graph replays at any).
+ * The rows: tg128 at 32K, Qwen3-8B shape (4 query heads a KV head) 276.5
+ * tok/s unpadded against 256.6 padded; Qwen3-30B-A3B shape (8) 255.9
+ * against 270.5 (BENCH.md, sixth pass). */
 #define AKD_LONG 8192
+#define AKD_I8C_G 4
 
 static struct akd_cfg akd_cfg_get(void)
 {
@@ -1685,7 +1689,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     ak_args a = ak_args_of(g, qsa);
     int rows = qsa ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa ? g->T : 1, S = 1;
     int longc = g->kv.cell == KV_CELL_INT8 && a.E == 128 && g->max_cells >= AKD_LONG;
-    cf.i8c = cf.i8c < 0 ? longc : cf.i8c;
+    cf.i8c = cf.i8c < 0 ? longc && a.G <= AKD_I8C_G : cf.i8c;
     cf.c = cf.c > 0 ? cf.c : longc ? 32 : 16;
     ak_fn fn;
     int smem, nw, cs;

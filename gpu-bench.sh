@@ -16,7 +16,7 @@
 # so that both tiny models fit; they are unpacked to $TMPDIR.)
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
-# an 8B Q4_K decode step; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
+# an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
 # Q4_K decode kernels alone), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
@@ -87,7 +87,7 @@ for step in "$@"; do
         grep -B6 '^FAIL' "$T/tests.log"
         [ -n "${OUT:-}" ] && cp "$T/tests.log" "$OUT/"
         tail -n 1 "$T/tests.log" ;;
-    profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | tail -n 8 ;;
+    profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     profile-moe) STRATA_GPU_BENCH=moe "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;

@@ -1205,49 +1205,42 @@ __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, 
     }
 }
 
-/* The n = T·U (token, expert) pairs of a prompt chunk (sel) sorted by
- * expert, each expert's in pair order: order (n) and offs (X + 1: expert
- * e's pairs are order[offs[e] .. offs[e+1])). One block, a thread per
- * expert (X <= blockDim.x <= 1024): each counts, then places its pairs,
- * reading sel through shared memory in slices. */
-#define GF_SORT_SLICE 4096
-__global__ void gf_moe_sort_kernel(const int32_t *sel, int n, int X, int32_t *order, int32_t *offs)
+/* The n = T·U (token, expert) pairs of a prompt chunk (sel) grouped by
+ * expert: order (n) lists expert 0's pairs, then expert 1's, and so on;
+ * offs (X + 1) where each expert's start. One block (X <= 1024): the
+ * experts' counts in shared memory, their prefix sums, then each pair takes
+ * the next place of its expert. Those places are taken by shared atomics, so
+ * the order within an expert varies from run to run; no result depends on
+ * it: each row of the grouped products is computed on its own, and
+ * gf_rows_kernel scatters it back to its pair. (A thread per expert
+ * scanning every pair, the kernel before, took ~0.1 ms a layer for 4096
+ * pairs on the H200.) */
+#define GF_SORT_THREADS 1024
+__global__ void __launch_bounds__(GF_SORT_THREADS) gf_moe_sort_kernel(const int32_t *sel, int n, int X,
+                                                                       int32_t *order, int32_t *offs)
 {
     gf_pdl_begin();
-    __shared__ int32_t sl[GF_SORT_SLICE];
-    __shared__ int32_t off[1025];
-    int e = threadIdx.x, count = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int at = pass && e < X ? off[e] : 0;
-        for (int i0 = 0; i0 < n; i0 += GF_SORT_SLICE) {
-            int m = min(GF_SORT_SLICE, n - i0);
-            __syncthreads();
-            for (int i = threadIdx.x; i < m; i += blockDim.x)
-                sl[i] = sel[i0 + i];
-            __syncthreads();
-            if (e < X)
-                for (int i = 0; i < m; i++)
-                    if (sl[i] == e) {
-                        if (pass)
-                            order[at++] = i0 + i;
-                        else
-                            count++;
-                    }
-        }
-        if (!pass) {
-            if (e < X)
-                off[e + 1] = count;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                off[0] = 0;
-                for (int k = 1; k <= X; k++)
-                    off[k] += off[k - 1];
-            }
-            __syncthreads();
-        }
+    __shared__ int32_t next[1024], off[1025];
+    for (int e = threadIdx.x; e < X; e += blockDim.x)
+        next[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        atomicAdd(&next[sel[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        off[0] = 0;
+        for (int e = 0; e < X; e++)
+            off[e + 1] = off[e] + next[e];
     }
-    for (int k = threadIdx.x; k <= X; k += blockDim.x)
-        offs[k] = off[k];
+    __syncthreads();
+    for (int e = threadIdx.x; e <= X; e += blockDim.x) {
+        offs[e] = off[e];
+        if (e < X)
+            next[e] = off[e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        order[atomicAdd(&next[sel[i]], 1)] = i;
 }
 
 /* Row i (blockIdx.x) of dst (width w) = row order[i] / div of src (gather),
@@ -1320,10 +1313,11 @@ struct gpu_ctx {
 
 /* Stage timing for gpu_test_profile: an event after each stage. */
 enum { GF_ST_EMBED, GF_ST_NORM, GF_ST_QKV, GF_ST_ROPE_STORE, GF_ST_ATTN, GF_ST_ACT, GF_ST_WO, GF_ST_FFN_NORM,
-       GF_ST_ROUTER, GF_ST_GATE_UP, GF_ST_SWIGLU, GF_ST_DOWN, GF_ST_HEAD, GF_ST_COUNT };
+       GF_ST_ROUTER, GF_ST_SORT, GF_ST_GATE_UP, GF_ST_SWIGLU, GF_ST_DOWN, GF_ST_HEAD, GF_ST_COUNT };
 static const char *const gf_st_names[GF_ST_COUNT] = {"embed", "attn_norm+q8", "qkv", "rope+kv_store", "attention",
                                                       "q8(attn out)", "wo+resid", "ffn_norm+q8", "router+top-k",
-                                                      "gate/up", "swiglu+q8", "down+resid", "norm+head"};
+                                                      "sort+gather", "gate/up", "swiglu+q8", "down+resid",
+                                                      "norm+head"};
 #define GF_PROF_MAX 4096
 struct gf_prof {
     gpuEvent_t ev[GF_PROF_MAX];
@@ -1875,10 +1869,10 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
         !gpu_gemm_supports(uw->type) || !gpu_gemm_supports(dw->type) || gf_env("STRATA_GPU_MOE_PAIRS"))
         return 1;
     gpuStream_t s = c->stream;
-    gf_launch(gf_moe_sort_kernel, 1, (X + GPU_WARP - 1) / GPU_WARP * GPU_WARP, 0, s, (const int32_t *)c->sel, n, X,
-              c->order, c->offs);
+    gf_launch(gf_moe_sort_kernel, 1, GF_SORT_THREADS, 0, s, (const int32_t *)c->sel, n, X, c->order, c->offs);
     gf_launch(gf_rows_kernel, n, 256, 0, s, c->xs, (const float *)c->xn, (const int32_t *)c->order, U, D, 0);
     GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_SORT);
     /* (a failure: as gf_matmul_n, the matrix-vector kernels from now on; they redo it all) */
     if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
                          c->gemm_scratch, s, err, errlen) ||
@@ -2346,11 +2340,12 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
 }
 
 
-int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *out, size_t cap, char *err,
-                     size_t errlen)
+int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
+                     char *err, size_t errlen)
 {
-    if (kv_seq_len(c->kv, seq) != pos + 1)
-        return strata_errf(err, errlen, "profile: cell %d is not the last of sequence %d", pos, seq);
+    if (n < 1 || n > c->T || kv_seq_len(c->kv, seq) != pos + n)
+        return strata_errf(err, errlen, "profile: %d tokens from cell %d are not the last of sequence %d", n, pos,
+                           seq);
     struct gf_prof *p = (struct gf_prof *)calloc(1, sizeof *p);
     if (!p)
         return strata_errf(err, errlen, "out of memory");
@@ -2366,11 +2361,12 @@ int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *o
         rc = strata_errf(err, errlen, "gpuEventCreate failed");
     }
     if (!rc) {
-        int P = kv_cfg(c->kv)->page_cells, pages = (pos + P) / P;
-        c->io_host[0] = token;
+        int P = kv_cfg(c->kv)->page_cells, pages = (pos + n - 1 + P) / P;
+        memcpy(c->io_host, tokens, (size_t)n * sizeof(int32_t));
         c->io_host[c->T] = pos;
         memcpy(c->io_host + c->T + 1, kv_page_table(c->kv, seq), (size_t)pages * sizeof(int32_t));
-        if (gpuMemcpyAsync(c->io, c->io_host, sizeof(int32_t), gpuMemcpyHostToDevice, c->stream) != gpuSuccess ||
+        if (gpuMemcpyAsync(c->io, c->io_host, (size_t)n * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream) !=
+                gpuSuccess ||
             gpuMemcpyAsync(c->io + c->T, c->io_host + c->T, (size_t)(1 + pages) * sizeof(int32_t),
                            gpuMemcpyHostToDevice, c->stream) != gpuSuccess)
             rc = strata_errf(err, errlen, "profile: upload failed");
@@ -2379,7 +2375,7 @@ int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *o
             rc = strata_errf(err, errlen, "profile: gpuEventRecord failed");
         c->prof = p;
         if (!rc)
-            rc = gf_forward(c, 1, 0, err, errlen);
+            rc = gf_forward(c, n, n - 1, err, errlen);
         c->prof = NULL;
         if (gpuStreamSynchronize(c->stream) != gpuSuccess && !rc)
             rc = strata_errf(err, errlen, "profile: the step failed");

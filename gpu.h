@@ -152,11 +152,12 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
  * back to back, the weights rotated through copies larger than L2 (< 0:
  * error). */
 double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t errlen);
-/* One decode step of token at cell pos (the sequence's last) run without the
- * graph after a pause that lets every launch queue up, with an event after
- * each stage: out gets "step N us: stage us ..." summed over the layers. */
-int gpu_test_profile(struct gpu_ctx *c, int seq, int32_t token, int pos, char *out, size_t cap, char *err,
-                     size_t errlen);
+/* One pass over the n tokens at cells pos .. pos + n - 1 (the sequence's
+ * last; n = 1: a decode step) run without the graph after a pause that lets
+ * every launch queue up, with an event after each stage: out gets "step N
+ * us: stage us ..." summed over the layers. */
+int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
+                     char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

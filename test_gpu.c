@@ -656,12 +656,16 @@ static void tg_bench_one(const char *shape, const char *type, const char *set)
         printf("  tg128 %-20s %7.1f tok/s = %5.1f%% of the bound\n", cfgs[k].what, tps, 100 * tps / bound);
     }
     unsetenv("STRATA_GPU_NO_GRAPH");
-    { /* where one decode step's time goes (after the pp512 runs: at cell 512) */
+    { /* where one decode step's time goes (after the pp512 runs: at cell 512), then a 512-token prompt's */
         char prof[1024];
         int pos = kv_seq_len(t.kv, t.seq);
         if (CHECK(kv_append(t.kv, t.seq, ids, 1, err, sizeof err) == 0, "%s", err) &&
-            CHECK(gpu_test_profile(t.c, t.seq, ids[0], pos, prof, sizeof prof, err, sizeof err) == 0, "%s", err))
+            CHECK(gpu_test_profile(t.c, t.seq, ids, 1, pos, prof, sizeof prof, err, sizeof err) == 0, "%s", err))
             printf("  profile at cell %d: %s\n", pos, prof);
+        kv_truncate(t.kv, t.seq, kv_seq_len(t.kv, t.seq));
+        if (CHECK(kv_append(t.kv, t.seq, ids, 512, err, sizeof err) == 0, "%s", err) &&
+            CHECK(gpu_test_profile(t.c, t.seq, ids, 512, 0, prof, sizeof prof, err, sizeof err) == 0, "%s", err))
+            printf("  profile of a 512-token prompt: %s\n", prof);
     }
     CHECK(isfinite(lg[0]), "logits not finite");
 done:
