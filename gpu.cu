@@ -1207,20 +1207,19 @@ __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, 
 
 /* The n = T·U (token, expert) pairs of a prompt chunk (sel) grouped by
  * expert: order (n) lists expert 0's pairs, then expert 1's, and so on;
- * offs (X + 1) where each expert's start. One block (X <= 1024): the
- * experts' counts in shared memory, their prefix sums, then each pair takes
- * the next place of its expert. Those places are taken by shared atomics, so
- * the order within an expert varies from run to run; no result depends on
- * it: each row of the grouped products is computed on its own, and
- * gf_rows_kernel scatters it back to its pair. (A thread per expert
- * scanning every pair, the kernel before, took ~0.1 ms a layer for 4096
- * pairs on the H200.) */
+ * offs (X + 1) where each expert's start. One block (X <= GF_SORT_MAX_X):
+ * the experts' counts in shared memory, their prefix sums, then each pair
+ * takes the next place of its expert. Those places are taken by shared
+ * atomics, so the order within an expert varies from run to run; no result
+ * depends on it: each row of the grouped products is computed on its own,
+ * and gf_rows_kernel scatters it back to its pair. */
 #define GF_SORT_THREADS 1024
+#define GF_SORT_MAX_X 1024
 __global__ void __launch_bounds__(GF_SORT_THREADS) gf_moe_sort_kernel(const int32_t *sel, int n, int X,
                                                                        int32_t *order, int32_t *offs)
 {
     gf_pdl_begin();
-    __shared__ int32_t next[1024], off[1025];
+    __shared__ int32_t next[GF_SORT_MAX_X], off[GF_SORT_MAX_X + 1];
     for (int e = threadIdx.x; e < X; e += blockDim.x)
         next[e] = 0;
     __syncthreads();
@@ -1865,7 +1864,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     const struct model_hp *hp = &c->g->hp;
     const struct gf_mat *gw = &ly->gate_exps, *uw = &ly->up_exps, *dw = &ly->down_exps;
     int X = hp->n_expert, U = hp->n_expert_used, D = hp->n_embd, Fe = gw->rows, n = T * U;
-    if (T <= GF_DECODE_T || !c->gemm_ok || X > 1024 || !gpu_gemm_supports(gw->type) ||
+    if (T <= GF_DECODE_T || !c->gemm_ok || X > GF_SORT_MAX_X || !gpu_gemm_supports(gw->type) ||
         !gpu_gemm_supports(uw->type) || !gpu_gemm_supports(dw->type) || gf_env("STRATA_GPU_MOE_PAIRS"))
         return 1;
     gpuStream_t s = c->stream;

@@ -273,6 +273,39 @@ static void tg_kernel_env(int kernel)
         setenv("STRATA_GEMM_BM", "256", 1);
 }
 
+/* One call's outputs y (T rows of ldy floats, poisoned with 0xff bytes
+ * before the call) against ref (rows values a row): the first `valid` rows'
+ * first `rows` values are scored, every other value must still be poison. */
+struct tg_score {
+    double nerr, maxabs;
+    long nonfinite, touched;
+};
+
+static struct tg_score tg_score_of(const float *y, size_t ldy, int T, int valid, int rows, const double *ref)
+{
+    struct tg_score s = {0, 0, 0, 0};
+    double se = 0, sr = 0;
+    for (int t = 0; t < T; t++)
+        for (size_t i = 0; i < ldy; i++) {
+            float v = y[t * ldy + i];
+            if (t >= valid || i >= (size_t)rows) {
+                s.touched += tg_bits(v) != 0xffffffffu;
+                continue;
+            }
+            double r = ref[(size_t)t * rows + i], d = v - r;
+            if (!isfinite(v)) {
+                s.nonfinite++;
+                continue;
+            }
+            se += d * d;
+            sr += r * r;
+            if (fabs(d) > s.maxabs)
+                s.maxabs = fabs(d);
+        }
+    s.nerr = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    return s;
+}
+
 /* One gpu_gemm call into a poisoned y with ldy = rows + 4 or + 5 (even T:
  * even ldy, where the mma kernel stores pairs); checks every output finite,
  * the gap untouched and the normalised error within bound. */
@@ -292,35 +325,18 @@ static void tg_one(const char *tname, int kernel, int type, const void *dw, size
     tg_kernel_env(TG_DEFAULT);
     if (!ok)
         return;
-    double se = 0, sr = 0, maxabs = 0;
-    long nonfinite = 0, gap = 0;
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < rows; i++) {
-            float v = y[t * ldy + i];
-            double d = v - ref[(size_t)t * rows + i];
-            if (!isfinite(v)) {
-                nonfinite++;
-                continue;
-            }
-            se += d * d;
-            sr += ref[(size_t)t * rows + i] * ref[(size_t)t * rows + i];
-            if (fabs(d) > maxabs)
-                maxabs = fabs(d);
-        }
-        for (size_t i = (size_t)rows; i < ldy; i++)
-            gap += tg_bits(y[t * ldy + i]) != 0xffffffffu;
-    }
-    double nerr = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    struct tg_score sc = tg_score_of(y, ldy, T, T, rows, ref);
     double bound = kernel == TG_TILED ? TG_BOUND_F32 : TG_BOUND_MMA;
-    CHECK(nonfinite == 0, "%s %s T=%d n=%d rows=%d: %ld outputs not finite (unwritten or NaN)", tname, kname,
-          T, n, rows, nonfinite);
-    CHECK(gap == 0, "%s %s T=%d n=%d rows=%d: %ld values written past rows", tname, kname, T, n, rows, gap);
-    CHECK(nerr <= bound, "%s %s T=%d n=%d rows=%d: normalised error %.3g > %.3g (max abs %.3g)", tname, kname,
-          T, n, rows, nerr, bound, maxabs);
-    if (nerr > worst->nerr)
-        worst->nerr = nerr;
-    if (maxabs > worst->maxabs)
-        worst->maxabs = maxabs;
+    CHECK(sc.nonfinite == 0, "%s %s T=%d n=%d rows=%d: %ld outputs not finite (unwritten or NaN)", tname, kname,
+          T, n, rows, sc.nonfinite);
+    CHECK(sc.touched == 0, "%s %s T=%d n=%d rows=%d: %ld values written past rows", tname, kname, T, n, rows,
+          sc.touched);
+    CHECK(sc.nerr <= bound, "%s %s T=%d n=%d rows=%d: normalised error %.3g > %.3g (max abs %.3g)", tname, kname,
+          T, n, rows, sc.nerr, bound, sc.maxabs);
+    if (sc.nerr > worst->nerr)
+        worst->nerr = sc.nerr;
+    if (sc.maxabs > worst->maxabs)
+        worst->maxabs = sc.maxabs;
 }
 
 static void tg_gemm_type(int ti)
@@ -570,25 +586,12 @@ static void tg_experts(void)
             tg_kernel_env(TG_DEFAULT);
             if (!ok)
                 continue;
-            double se = 0, sr = 0;
-            long nonfinite = 0, touched = 0;
-            for (int t = 0; t < T; t++)
-                for (size_t i = 0; i < ldy; i++) {
-                    float v = y[t * ldy + i];
-                    if (t >= offs[X] || i >= ROWS) {
-                        touched += tg_bits(v) != 0xffffffffu;
-                        continue;
-                    }
-                    double r = ref[(size_t)t * ROWS + i], d = v - r;
-                    nonfinite += !isfinite(v);
-                    se += isfinite(v) ? d * d : 0;
-                    sr += r * r;
-                }
-            double nerr = sqrt(se / sr), bound = kernels[ki] == TG_TILED ? TG_BOUND_F32 : TG_BOUND_MMA;
-            worst[ki] = nerr;
-            CHECK(nonfinite == 0, "%s %s: %ld outputs not finite (unwritten or NaN)", tname, kname, nonfinite);
-            CHECK(touched == 0, "%s %s: %ld values written outside the groups' rows", tname, kname, touched);
-            CHECK(nerr <= bound, "%s %s: normalised error %.3g > %.3g", tname, kname, nerr, bound);
+            struct tg_score sc = tg_score_of(y, ldy, T, offs[X], ROWS, ref);
+            double bound = kernels[ki] == TG_TILED ? TG_BOUND_F32 : TG_BOUND_MMA;
+            worst[ki] = sc.nerr;
+            CHECK(sc.nonfinite == 0, "%s %s: %ld outputs not finite (unwritten or NaN)", tname, kname, sc.nonfinite);
+            CHECK(sc.touched == 0, "%s %s: %ld values written outside the groups' rows", tname, kname, sc.touched);
+            CHECK(sc.nerr <= bound, "%s %s: normalised error %.3g > %.3g", tname, kname, sc.nerr, bound);
         }
         printf("  experts %-5s nerr: own %.2e, bm256 %.2e [bound %.0e]; tiled %.2e [bound %.0e]\n", tname,
                worst[0], worst[1], TG_BOUND_MMA, worst[2], TG_BOUND_F32);
