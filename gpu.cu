@@ -401,48 +401,7 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* Decode experts routed by the blocks themselves (route non-NULL, one-row
-     * groups g = t·route_u + k): group g takes token t's k-th expert of
-     * the top route_u of its route_x logits route[t] (gf_group_expert), and
-     * each group's first block writes it and its weight to route_ids[g]
-     * and route_w[g] for the down product. */
-    const float *route;
-    int route_x, route_u;
-    int32_t *route_ids;
-    float *route_w;
 };
-
-/* Block sum of a double over the block's threads (all call it). */
-static __device__ double gf_block_sum(double v)
-{
-    __shared__ double part[32];
-    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
-        v += gpu_shfl_xor(v, m);
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
-    __syncthreads();
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    double s = 0;
-    for (int i = 0; i < nw; i++)
-        s += part[i];
-    return s;
-}
-
-/* Block maximum of a float (all call it). */
-static __device__ float gf_block_max(float v)
-{
-    __shared__ float part[32];
-    v = warp_max(v);
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
-    __syncthreads();
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    for (int i = 0; i < nw; i++)
-        v = fmaxf(v, part[i]);
-    return v;
-}
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
  * row lies at the returned byte offset from its row's start in w[0] (in
@@ -453,55 +412,6 @@ static __device__ __forceinline__ size_t gf_expert_block(const gf_mv &p, int g, 
     int be = p.ne / blk, i = g * (p.n / p.ne) + b / be;
     *wt = p.sw[i];
     return (size_t)p.ids[i] * p.estride + (size_t)(b % be) * bytes;
-}
-
-/* Group g's expert (ids[g], or routed: see gf_mv; block-wide then, every
- * thread calls it): gf_route_kernel's softmax, order (probability, ties to
- * the lower id) and renormalised weight, each block ranking the logits in
- * shared memory instead of picking the top U one by one. */
-#define GF_ROUTE_MAX_X 512
-#define GF_ROUTE_MAX_U 64
-static __device__ int gf_group_expert(const gf_mv &p, int g)
-{
-    if (!p.route)
-        return p.ids[g];
-    __shared__ float pr[GF_ROUTE_MAX_X];
-    __shared__ int top[GF_ROUTE_MAX_U];
-    int X = p.route_x, U = p.route_u;
-    const float *x = p.route + (size_t)(g / U) * X;
-    float mx = -INFINITY;
-    for (int e = threadIdx.x; e < X; e += blockDim.x)
-        mx = fmaxf(mx, x[e]);
-    mx = gf_block_max(mx);
-    double s = 0;
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
-        pr[e] = expf(x[e] - mx);
-        s += (double)pr[e];
-    }
-    float inv = (float)(1.0 / gf_block_sum(s));   /* (its barriers order pr's writes before the reads below) */
-    for (int e = threadIdx.x; e < X; e += blockDim.x)
-        pr[e] *= inv;
-    __syncthreads();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
-        float v = pr[e];
-        int rank = 0;
-        for (int j = 0; j < X; j++)
-            rank += pr[j] > v || (pr[j] == v && j < e);
-        if (rank < U)
-            top[rank] = e;
-    }
-    __syncthreads();
-    int ex = top[g % U];
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        double wsum = 0;
-        for (int k = 0; k < U; k++)
-            wsum += (double)pr[top[k]];
-        float ws = (float)wsum;
-        ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
-        p.route_ids[g] = ex;
-        p.route_w[g] = pr[ex] / ws;
-    }
-    return ex;
 }
 
 /* row r of a launch's rows: its matrix (the part) and its row in it */
@@ -690,12 +600,11 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     const float *af = p.af + arow * p.n;
     const uint8_t *w[GF_MV1_R];
     int part[GF_MV1_R], rr[GF_MV1_R];
-    size_t eo = p.ids && !p.ne ? (size_t)gf_group_expert(p, g) * p.estride : 0;
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
         part[j] = gf_mv_part(p, r, &rr[j]);
-        w[j] = p.w[part[j]] + eo + (size_t)rr[j] * p.ldw;
+        w[j] = p.w[part[j]] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
     }
     /* balanced chunks of the row, or of each expert's part of it */
     int nb = p.ne ? p.ne / Q::BLK : p.n / Q::BLK, cpe = (nb + S::CB - 1) / S::CB, cb = (nb + cpe - 1) / cpe;
@@ -757,22 +666,24 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
  * in a fixed order. */
 #define GF_ROW_THREADS 256
 
-/* Block-wide: row w · group g's activation row arow (af, f32, for float
- * weights; else p.aq and p.ads), its sum in thread 0 */
 template <class Q>
-static __device__ float gf_row_dot(const gf_mv &p, const uint8_t *w, int g, const float *af, size_t arow)
+__global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 {
-    __shared__ float part[32];
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
+    gf_pdl_begin();
+    __shared__ float part[GF_ROW_THREADS / GPU_WARP];
+    int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
+    int rr, pt = gf_mv_part(p, r, &rr);
+    const uint8_t *w = p.w[pt] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
-    for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += blockDim.x) {
+    for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
         int b = u / Q::UNITS;
         float wt = 1.0f;
         const uint8_t *wb = w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt) : (size_t)b * Q::BYTES);
         Q q;
         q.load(wb, u % Q::UNITS);
         if constexpr (Q::FLOAT)
-            acc += wt * q.dotf(af + (size_t)b * Q::BLK);
+            acc += wt * q.dotf(p.af + arow * p.n + (size_t)b * Q::BLK);
         else
             acc += wt * q.dot(p.aq + arow * p.n + (size_t)b * Q::BLK,
                               p.ads + arow * (p.n / GF_AB) + (size_t)b * Q::BLK / GF_AB);
@@ -781,24 +692,12 @@ static __device__ float gf_row_dot(const gf_mv &p, const uint8_t *w, int g, cons
     if (lane == 0)
         part[warp] = acc;
     __syncthreads();
-    float sum = part[0];
-    for (int i = 1; i < (int)blockDim.x / GPU_WARP; i++)
-        sum += part[i];
-    return sum;
-}
-
-template <class Q>
-__global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
-{
-    gf_pdl_begin();
-    int r = blockIdx.x, g = blockIdx.y;
-    int rr, pt = gf_mv_part(p, r, &rr);
-    const uint8_t *w = p.w[pt] + (p.ids && !p.ne ? (size_t)gf_group_expert(p, g) * p.estride : 0) +
-                       (size_t)rr * p.ldw;
-    size_t arow = (size_t)(g / p.a_div) * p.a_g;
-    float sum = gf_row_dot<Q>(p, w, g, p.af + arow * p.n, arow);
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+        float sum = part[0];
+        for (int i = 1; i < GF_ROW_THREADS / GPU_WARP; i++)
+            sum += part[i];
         gf_mv_put(p, pt, g, 0, rr, sum);
+    }
 }
 
 /* ==== the Q4_K decode kernel: the activation held in registers ====
@@ -872,13 +771,9 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         uw[k] = 1.0f;
         if (p.ne) {
             uo[k] = gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]);
+        } else if (p.ids) {
+            uo[k] += (size_t)p.ids[g] * p.estride;
         }
-    }
-    if (p.ids && !p.ne) {
-        size_t eo = (size_t)gf_group_expert(p, g) * p.estride;
-#pragma unroll
-        for (int k = 0; k < UL; k++)
-            uo[k] += eo;
     }
     if (p.ids && tile < tiles)
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
@@ -936,6 +831,23 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 
 enum { GF_ACT_PLAIN, GF_ACT_NORM, GF_ACT_SWIGLU };
 
+/* Block sum of a double over the block's threads (all call it). */
+static __device__ double gf_block_sum(double v)
+{
+    __shared__ double part[32];
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        v += gpu_shfl_xor(v, m);
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < nw; i++)
+        s += part[i];
+    return s;
+}
+
 /* Row blockIdx.x of n: v = x (PLAIN), RMSNorm(x)·w (NORM: the reference's
  * steps: squares summed in double, scale = 1/sqrtf(mean + eps), two
  * multiplications), silu(x)·x2 (SWIGLU); written as f32 to yf (may be NULL,
@@ -946,29 +858,26 @@ enum { GF_ACT_PLAIN, GF_ACT_NORM, GF_ACT_SWIGLU };
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 
-/* RMSNorm's scale of row xr (n): its squares summed in double (block-wide;
- * every block of a row sums the whole row: the same sum) */
-static __device__ float gf_norm_scale(const float *xr, int n, float eps)
-{
-    double s = 0;
-    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-        float4 v = ((const float4 *)xr)[i];
-        s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-             (double)__fmul_rn(v.w, v.w);
-    }
-    s = gf_block_sum(s);
-    return 1.0f / sqrtf((float)(s / n) + eps);
-}
-
-/* Chunk c (GF_ACT_CHUNK elements) of row `row`, MODE's values (NORM: at
- * scale) written as described above; GF_ACT_THREADS threads call it. */
 template <int MODE>
-static __device__ void gf_act_chunk(const float *x, const float *x2, const float *w, float scale, int n,
-                                    size_t row, int c, float *yf, int8_t *q, gf_ads *ds)
+__global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
+                                                                float eps, int n, float *yf, int8_t *q, gf_ads *ds)
 {
+    gf_pdl_begin();
+    size_t row = blockIdx.x;
     const float4 *xr = (const float4 *)(x + row * n);
+    float scale = 1.0f;
+    if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
+        double s = 0;
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            float4 v = xr[i];
+            s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+                 (double)__fmul_rn(v.w, v.w);
+        }
+        s = gf_block_sum(s);
+        scale = 1.0f / sqrtf((float)(s / n) + eps);
+    }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
-    int i4 = c * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
+    int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (ok) {
         float4 a = xr[i4];
@@ -995,41 +904,6 @@ static __device__ void gf_act_chunk(const float *x, const float *x2, const float
                                               (signed char)qi[3]);
     if (i4 % (GF_AB / 4) == 0)
         ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] = sc;
-}
-
-template <int MODE>
-__global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
-                                                                float eps, int n, float *yf, int8_t *q, gf_ads *ds)
-{
-    gf_pdl_begin();
-    float scale = MODE == GF_ACT_NORM ? gf_norm_scale(x + (size_t)blockIdx.x * n, n, eps) : 1.0f;
-    gf_act_chunk<MODE>(x, x2, w, scale, n, blockIdx.x, blockIdx.y, yf, q, ds);
-}
-
-/* Decode, a MoE layer's FFN input in one kernel: token blockIdx.y's
- * RMSNorm (as gf_act_kernel's NORM, the first blocks writing its chunks)
- * and row blockIdx.x of the router's product with it (float weights; the
- * normed row in shared memory, the sums of gf_mvrow_kernel). */
-template <class Q>
-__global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(gf_mv p, const float *x, const float *w,
-                                                                        float eps, float *yf, int8_t *q,
-                                                                        gf_ads *ds)
-{
-    gf_pdl_begin();
-    extern __shared__ __align__(16) float xn[];   /* (p.n) */
-    int n = p.n, t = blockIdx.y, r = blockIdx.x;
-    const float *xr = x + (size_t)t * n;
-    float scale = gf_norm_scale(xr, n, eps);
-    if (r < (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK)
-        gf_act_chunk<GF_ACT_NORM>(x, NULL, w, scale, n, t, r, yf, q, ds);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        xn[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
-    __syncthreads();
-    if (r >= p.end[0])
-        return;
-    float sum = gf_row_dot<Q>(p, p.w[0] + (size_t)r * p.ldw, t, xn, t);
-    if (threadIdx.x == 0)
-        gf_mv_put(p, 0, t, 0, r, sum);
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1906,11 +1780,9 @@ static int gf_matmul(struct gpu_ctx *c, const struct gf_mat *w, const float *af,
 
 /* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
  * each stack w[k] by activation row i / a_div into y[k] + i*rows: the gate
- * and up stacks in one launch when they share type and shape. route: the
- * kernels pick the experts from c->router themselves and write sel and
- * selw (gf_group_expert; decode). */
+ * and up stacks in one launch when they share type and shape. */
 static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w,
-                             const float *af, int a_div, int n_groups, int route, char *err, size_t errlen)
+                             const float *af, int a_div, int n_groups, char *err, size_t errlen)
 {
     for (int i = 0; i < n_w;) {
         gf_mv p;
@@ -1918,10 +1790,6 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
         p.ldw = w[i]->ldw, p.estride = w[i]->stride, p.n = w[i]->n;
         p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
         p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
-        if (route) {
-            p.route = c->router, p.route_x = c->g->hp.n_expert, p.route_u = c->g->hp.n_expert_used;
-            p.route_ids = c->sel, p.route_w = c->selw;
-        }
         int j = i;
         for (; j < n_w && j - i < GF_PARTS && w[j]->type == w[i]->type && w[j]->n == w[i]->n &&
                w[j]->ldw == w[i]->ldw && w[j]->stride == w[i]->stride && w[j]->rows == w[i]->rows; j++) {
@@ -2022,37 +1890,6 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     return 0;
 }
 
-/* Decode, MoE: the FFN's RMSNorm and the router's product in one kernel
- * (gf_norm_router_kernel), for float router weights. Returns 1 where not
- * taken: the caller runs gf_act and the router's product. */
-static int gf_norm_router(struct gpu_ctx *c, const struct gf_layer *ly, int T, char *err, size_t errlen)
-{
-    const struct model_hp *hp = &c->g->hp;
-    const struct gf_mat *r = &ly->gate_inp;
-    int D = hp->n_embd, chunks = (D + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK;
-    size_t smem = (size_t)D * sizeof(float);
-    if (!ly->moe || T > GF_DECODE_T || !gf_float_type(r->type) || smem > 48 * 1024 ||
-        gf_env("STRATA_GPU_NO_NORM_ROUTER"))
-        return 1;
-    gf_mv p;
-    memset(&p, 0, sizeof p);
-    p.w[0] = r->d, p.parts = 1, p.end[0] = p.end[1] = p.end[2] = r->rows;
-    p.y[0] = c->router, p.y_g[0] = (size_t)r->rows;
-    p.ldw = r->ldw, p.n = D, p.a_div = 1, p.a_g = 1, p.t_total = T;
-    dim3 grid(r->rows > chunks ? r->rows : chunks, T);
-    if (r->type == QT_F32)
-        gf_launch(gf_norm_router_kernel<gf_f32>, grid, GF_ACT_THREADS, smem, c->stream, p, (const float *)c->x,
-                  ly->ffn_norm, hp->rms_eps, c->xn, c->aq, c->ads);
-    else if (r->type == QT_F16)
-        gf_launch(gf_norm_router_kernel<gf_f16>, grid, GF_ACT_THREADS, smem, c->stream, p, (const float *)c->x,
-                  ly->ffn_norm, hp->rms_eps, c->xn, c->aq, c->ads);
-    else
-        gf_launch(gf_norm_router_kernel<gf_bf16>, grid, GF_ACT_THREADS, smem, c->stream, p, (const float *)c->x,
-                  ly->ffn_norm, hp->rms_eps, c->xn, c->aq, c->ads);
-    GF_LAUNCH_CHECK(err, errlen);
-    return 0;
-}
-
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
 static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
@@ -2085,12 +1922,8 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
-        (gf_mark(c, GF_ST_WO), 0))
-        return -1;
-    int apart = gf_norm_router(c, ly, T, err, errlen);   /* 0: the router's logits written too */
-    if (apart < 0 ||
-        (apart && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err,
-                          errlen)))
+        (gf_mark(c, GF_ST_WO), 0) ||
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
@@ -2104,14 +1937,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return rc;
     }
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
-    if (apart && gf_matmul(c, &ly->gate_inp, c->xn, T, c->router, X, NULL, 0, err, errlen))
+    if (gf_matmul(c, &ly->gate_inp, c->xn, T, c->router, X, NULL, 0, err, errlen))
         return -1;
-    /* decode: the gate and up kernels pick their experts themselves */
-    int self = T <= GF_DECODE_T && X <= GF_ROUTE_MAX_X && U <= GF_ROUTE_MAX_U && !gf_env("STRATA_GPU_NO_SELF_ROUTE");
-    if (!self) {
-        gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
+    gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
@@ -2119,15 +1948,14 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     float *gu_y[2] = {c->gt, c->up};
     int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
-        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, self, err, errlen) ||
-            (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         summed = rc == 0;
         if (rc > 0)
-            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, 0, err, errlen);
+            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
     }
     if (rc < 0)
         return -1;
