@@ -1045,10 +1045,24 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 uint8_t *dst = row < C ? kst + row * KS + col * 16 : vst + (row - C) * VS + col * 16;
                 akd_cp16(dst, src ? src + col * 16 : a.pages, src != NULL);
             }
+        } else if (ROW == ROW_I8C && pgr && c0 + C <= e_hi) {
+            /* a step of live rows: per half step the K run then the V run,
+             * 16-byte pieces lane, lane + 32, ... of each (the addresses of
+             * a run worked out once, not per piece) */
+            constexpr int RUN = 16 * (E + 4), NP = RUN / 16;
+#pragma unroll
+            for (int r = 0; r < 2 * MC; r++) {
+                int isv = r >= MC, hh = r % MC;
+                const uint8_t *run = (isv ? vbase : kbase) + (size_t)(hh ? pgb : pga) * a.page_bytes +
+                                     (size_t)((c0 + 16 * hh) % a.P) * (E + 4);
+                uint8_t *dst = (isv ? vst : kst) + hh * RUN;
+#pragma unroll
+                for (int pc = lane; pc < NP; pc += 32)
+                    akd_cp16(dst + 16 * pc, run + 16 * pc, true);
+            }
         } else if (ROW == ROW_I8C && pgr) {
-            /* per half step the K run then the V run, 16-byte pieces; the
-             * bytes past the step's last live row are zeros (a row's scale
-             * included) */
+            /* the last step: the bytes past its last live row are zeros (a
+             * row's scale included) */
             constexpr int RUN = 16 * (E + 4), NP = RUN / 16;
 #pragma unroll
             for (int q = lane; q < 2 * MC * NP; q += 32) {
@@ -1143,7 +1157,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
             }
         }
-        float kA[MC], kB[MC], dvA[MC], dvB[MC], dm = 1.0f;
+        float kA[MC], kB[MC], dvA[MC], dvB[MC], dm = 1.0f, idm = 1.0f;   /* idm = 1/dm, exact */
 #pragma unroll
         for (int mc = 0; mc < MC; mc++) {
             kA[mc] = kB[mc] = a.scale;
@@ -1169,10 +1183,11 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             int ex = 0;
             frexpf(dx, &ex);
             dm = dx > 0.0f ? ldexpf(1.0f, ex) : 1.0f;
+            idm = dx > 0.0f ? ldexpf(1.0f, -ex) : 1.0f;
 #pragma unroll
             for (int mc = 0; mc < MC; mc++) {
-                dvA[mc] /= dm;
-                dvB[mc] /= dm;
+                dvA[mc] *= idm;
+                dvB[mc] *= idm;
             }
         }
 #pragma unroll
@@ -1218,7 +1233,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             l[nb][1] = l[nb][1] * al1 + ls1;
             m[nb][0] = n0;
             m[nb][1] = n1;
-            float oa0 = al0 / dm, oa1 = al1 / dm;
+            float oa0 = al0 * idm, oa1 = al1 * idm;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 O[nb][mt][0] *= oa0;
