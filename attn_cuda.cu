@@ -82,6 +82,7 @@ struct ak_args {
     size_t page_bytes, kbytes, vbytes;
     const int32_t *pt;
     int P, K, E, H, G, T, layer;
+    int lp;          /* log2 P (kv.c's pages hold a power of two of cells): cell >> lp, cell & (P - 1) */
     const float *q;
     float *out;
     const int32_t *pos0;
@@ -107,17 +108,17 @@ struct ak_args {
 static __device__ __forceinline__ const uint8_t *ak_block(const ak_args &a, int h, int cell)
 {
     size_t blk = ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes);
-    return a.pages + (size_t)a.pt[cell / a.P] * a.page_bytes + blk;
+    return a.pages + (size_t)a.pt[cell >> a.lp] * a.page_bytes + blk;
 }
 
 static __device__ __forceinline__ const uint8_t *ak_krow(const ak_args &a, int h, int cell)
 {
-    return ak_block(a, h, cell) + (size_t)(cell % a.P) * a.kbytes;
+    return ak_block(a, h, cell) + (size_t)(cell & (a.P - 1)) * a.kbytes;
 }
 
 static __device__ __forceinline__ const uint8_t *ak_vrow(const ak_args &a, int h, int cell)
 {
-    return ak_block(a, h, cell) + (size_t)a.P * a.kbytes + (size_t)(cell % a.P) * a.vbytes;
+    return ak_block(a, h, cell) + (size_t)a.P * a.kbytes + (size_t)(cell & (a.P - 1)) * a.vbytes;
 }
 
 /* Element e of a row, as kv.c decodes it: int8 q·d, Q4_0 (nibble - 8)·d. */
@@ -967,7 +968,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     auto ahead = [&](int i) {
         int ent = e_lo + (w + i * NW) * C + el;
         nc = ent < e_hi ? (list ? list[ent] : ent) : -1;
-        npg = nc >= 0 ? a.pt[nc / a.P] : 0;
+        npg = nc >= 0 ? a.pt[nc >> a.lp] : 0;
     };
     /* pgreg (dense): a step's 16-entry halves each lie in one page (P is a
      * power of two >= 16, steps start at multiples of C), and lane j holds
@@ -978,7 +979,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     int pgs = 0;
     auto pages_from = [&](int i0) {
         int c = e_lo + (w + (i0 + lane / MC) * NW) * C + 16 * (lane % MC);
-        pgs = c < e_hi ? a.pt[c / a.P] : 0;
+        pgs = c < e_hi ? a.pt[c >> a.lp] : 0;
     };
     if (pgr)
         pages_from(0);
@@ -1026,9 +1027,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 size_t rb = isv ? a.vbytes : a.kbytes;
                 const uint8_t *p;
                 if (pgr)
-                    p = c0 + el < e_hi ? base + (size_t)pg * a.page_bytes + (size_t)((c0 + el) % a.P) * rb : NULL;
+                    p = c0 + el < e_hi ? base + (size_t)pg * a.page_bytes + (size_t)((c0 + el) & (a.P - 1)) * rb : NULL;
                 else
-                    p = nc >= 0 ? base + (size_t)npg * a.page_bytes + (size_t)(nc % a.P) * rb : NULL;
+                    p = nc >= 0 ? base + (size_t)npg * a.page_bytes + (size_t)(nc & (a.P - 1)) * rb : NULL;
                 rp[lane + 32 * k] = p;
             }
             if (!pgr)
@@ -1054,7 +1055,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             for (int r = 0; r < 2 * MC; r++) {
                 int isv = r >= MC, hh = r % MC;
                 const uint8_t *run = (isv ? vbase : kbase) + (size_t)(hh ? pgb : pga) * a.page_bytes +
-                                     (size_t)((c0 + 16 * hh) % a.P) * (E + 4);
+                                     (size_t)((c0 + 16 * hh) & (a.P - 1)) * (E + 4);
                 uint8_t *dst = (isv ? vst : kst) + hh * RUN;
 #pragma unroll
                 for (int pc = lane; pc < NP; pc += 32)
@@ -1070,7 +1071,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 int c = c0 + 16 * hh, live = min(16, max(0, e_hi - c)) * (E + 4);
                 int n = min(16, max(0, live - 16 * pc));
                 const uint8_t *run =
-                    (isv ? vbase : kbase) + (size_t)(hh ? pgb : pga) * a.page_bytes + (size_t)(c % a.P) * (E + 4);
+                    (isv ? vbase : kbase) + (size_t)(hh ? pgb : pga) * a.page_bytes + (size_t)(c & (a.P - 1)) * (E + 4);
                 akd_cp16n((isv ? vst : kst) + hh * RUN + 16 * pc, n ? run + 16 * pc : a.pages, n);
             }
         } else {
@@ -1517,6 +1518,8 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
     a.vbytes = g->kv.vbytes;
     a.pt = g->kv.page_table;
     a.P = g->kv.P;
+    for (a.lp = 0; (1 << a.lp) < a.P; a.lp++)
+        ;
     a.K = g->kv.K;
     a.E = g->kv.E;
     a.H = g->H;
@@ -1645,13 +1648,14 @@ struct akd_cfg {
 
 /* max_cells from which int8 cells of head dim 128 take 32-entry steps, in
  * ROW_I8C rows where a KV head serves up to AKD_I8C_G query heads: on the
- * H200 at 32K cells 44 us a layer against 55 with 16-entry padded rows, but
- * 18.6 against 17.0 at 4K and 12.5 against 11.0 at 512 live cells (one step
- * a warp, half the blocks), so a short context keeps 16; the choice is made
- * per capture (max_cells), never per position (a graph replays at any).
- * The rows: tg128 at 32K, Qwen3-8B shape (4 query heads a KV head) 276.5
- * tok/s unpadded against 256.6 padded; Qwen3-30B-A3B shape (8) 255.9
- * against 270.5 (BENCH.md, sixth pass). */
+ * H200 at 32K cells 37.9 us a layer against 55 with 16-entry padded rows,
+ * but 17.3 against 16.3 at 4K and 10.7 against 10.3 at 512 live cells (one
+ * step a warp, half the blocks), so a short context keeps 16; the choice is
+ * made per capture (max_cells), never per position (a graph replays at
+ * any). The rows: tg128 at 32K, Qwen3-8B shape (4 query heads a KV head)
+ * 276.5 tok/s unpadded against 256.6 padded (sixth pass; 298 unpadded since
+ * the seventh); Qwen3-30B-A3B shape (8) 263.5 against 271.4 (BENCH.md,
+ * seventh pass). */
 #define AKD_LONG 8192
 #define AKD_I8C_G 4
 
@@ -1777,9 +1781,9 @@ static int ak_check(const struct gpu_attn *g, int path, char *err, size_t errlen
     const struct gpu_kv *kv = &g->kv;
     if (!kv->pages || !kv->page_table || !g->q || !g->out || !g->pos0)
         return strata_errf(err, errlen, "gpu attention: missing pages, page table, q, out or pos0");
-    if (kv->cell < 0 || kv->cell >= KV_CELL_COUNT || kv->K <= 0 || kv->E <= 0 || kv->P <= 0)
-        return strata_errf(err, errlen, "gpu attention: bad cache shape (cell %d, %d kv heads, head dim %d)",
-                           kv->cell, kv->K, kv->E);
+    if (kv->cell < 0 || kv->cell >= KV_CELL_COUNT || kv->K <= 0 || kv->E <= 0 || kv->P <= 0 || (kv->P & (kv->P - 1)))
+        return strata_errf(err, errlen, "gpu attention: bad cache shape (cell %d, %d kv heads, head dim %d, %d cells "
+                           "a page: a power of two)", kv->cell, kv->K, kv->E, kv->P);
     if (g->H <= 0 || g->H % kv->K)
         return strata_errf(err, errlen, "gpu attention: %d query heads do not share %d kv heads evenly", g->H,
                            kv->K);
