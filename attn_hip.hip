@@ -482,7 +482,9 @@ static int rd_check(const struct gpu_attn *a, int qsa, char *err, size_t errlen)
     if (kv->E <= 0 || kv->E > RD_MAX_E || kv->E % 4 || (kv->cell >= KV_CELL_Q4 && kv->E % 32))
         return strata_errf(err, errlen, "rdna2 attention: head dim %d (a multiple of 4 up to %d, of 32 for q4)",
                            kv->E, RD_MAX_E);
-    if (kv->K <= 0 || a->H % kv->K || kv->P <= 0 || a->layer < 0 || a->layer >= kv->L)
+    if (kv->P <= 0 || (kv->P & (kv->P - 1)))
+        return strata_errf(err, errlen, "rdna2 attention: %d cells a page, not a power of two", kv->P);
+    if (kv->K <= 0 || a->H % kv->K || a->layer < 0 || a->layer >= kv->L)
         return strata_errf(err, errlen, "rdna2 attention: %d heads on %d kv heads, layer %d of %d", a->H, kv->K,
                            a->layer, kv->L);
     if (!a->q || !a->out || !a->pos0 || !kv->pages || !kv->page_table || a->T < 0)

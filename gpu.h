@@ -22,7 +22,7 @@ struct gpu_kv {
     uint8_t *pages;             /* dev: kv_layout.data */
     size_t page_bytes, kbytes, vbytes;
     int cell;                   /* enum kv_cell */
-    int L, K, E, P;             /* layers, kv heads, head dim, cells per page */
+    int L, K, E, P;             /* layers, kv heads, head dim, cells per page (a power of two, as kv.c's) */
     const int32_t *page_table;  /* dev: (max_pages) the sequence's pages */
 };
 

@@ -482,6 +482,42 @@ static void case_qsa_split_env(void)
     test_attn_free(&d);
 }
 
+/* ---- bad shapes: a clear error, nothing launched ---- */
+
+static void case_bad_shape(void)
+{
+    if (!test_begin_gpu("gpu/attn/bad-shape: pages of 24 cells, query heads not a multiple of kv heads"))
+        return;
+    enum { E = 64, G = 2, K = 2, C = 40, T = 1 };
+    struct test_attn_data d;
+    gd_make(&d, E, G, K, C, T, 0, 0, 3);
+    int seq;
+    struct kv *kv = test_attn_kv(&d, KV_CELL_F16, 16, 1, &seq);
+    struct dkv dk;
+    if (!kv || dkv_make(&dk, kv, seq) != 0)
+        return;
+    struct dcall dc;
+    char err[256] = "";
+    if (dcall_make(&dc, &dk, d.H, T, C - T, C, d.q, NULL, NULL) == 0) {
+        dc.a.kv.P = 24;   /* kv.c makes only powers of two; the kernels index pages by shifts */
+        for (int path = PATH_PROMPT; path <= PATH_DECODE; path++) {
+            err[0] = 0;
+            CHECK(dcall_run(&dc, path, err, sizeof err) != 0 && strstr(err, "power of two") != NULL,
+                  "path %d with 24 cells a page: \"%s\"", path, err);
+        }
+        dc.a.kv.P = dk.g.P;
+        dc.a.H = d.H + 1;
+        err[0] = 0;
+        CHECK(dcall_run(&dc, PATH_DECODE, err, sizeof err) != 0 && strstr(err, "kv heads") != NULL,
+              "%d query heads over %d kv heads: \"%s\"", d.H + 1, K, err);
+        printf("     %s\n", err);
+        dcall_free(&dc);
+    }
+    dkv_free(&dk);
+    kv_free(kv);
+    test_attn_free(&d);
+}
+
 /* ---- timings (events) ---- */
 
 /* One timed call: the layer advances each call (the decode of a model walks
@@ -649,6 +685,7 @@ void test_gpu_attn(void)
         run_config(&fast[i], 21 + (unsigned)i);
     case_qsa_dense();
     case_qsa_split_env();
+    case_bad_shape();
     case_bench();
     if (test_slow()) {
         static const struct gcfg slow = {128, 8, 1, 32768, 2048, 4, 64, 2048, 128, 64};
