@@ -409,7 +409,8 @@ done:
 }
 
 /* A random-weight model, teacher-forced on 96 fixed ids (BOS first): the
- * first 48 as a prompt, the rest decoded one by one. Random weights amplify
+ * first np as a prompt (up to 16 take the decode kernels), the rest decoded
+ * one by one. Random weights amplify
  * every rounding difference (../shared/testdata/README.md: the reference's
  * two numerics differ by ~1 logit), so the bound is calibrated on the model:
  * the GPU (int8 activations per 32 values, f16 KV) must be no further from
