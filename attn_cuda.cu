@@ -986,59 +986,21 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     else
         ahead(0);
 
-    /* Q rows 8nb + g as B fragments (zeros past R), lane t4 holding the
-     * elements its K fragments meet (ks: 4 of them; ROW_I8C: words
-     * t4·KT + ks of a row, bank order). f16 cells: Q as f16 hi and lo.
-     * int8 cells: Q as three int8 digits, q ≈ s·(d0 + d1/128 + d2/128²)
-     * with s the row's absmax/127 (each digit rounded from what the ones
-     * before left, |d1|, |d2| <= 64), so that K·Qᵀ is three exact integer
-     * products of the codes as they are (m16n8k32), no conversion to f16;
-     * qs: s of query rows 8nb + 2t4 + c, the columns this lane's sums take. */
-    uint32_t qh[NB][KT][2], ql[NB][KT][2], qd[NB][KT][3];
-    float qs[NB][2];
+    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
+    uint32_t qh[NB][KT][2], ql[NB][KT][2];
     int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see */
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
         int r = 8 * nb + g;
         const float *src = r < R ? a.q + (size_t)out_row(r) * E : NULL;
-        float x[KT][4], amax = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KT; ks++) {
+            /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
             int e = ROW == ROW_I8C ? 4 * (t4 * KT + ks) : 16 * ks + 4 * t4;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                x[ks][j] = src ? src[e + j] : 0.0f;
-                amax = fmaxf(amax, fabsf(x[ks][j]));
-            }
-        }
-        if constexpr (ROW == ROW_F16) {
-#pragma unroll
-            for (int ks = 0; ks < KT; ks++) {
-                ak_split2(x[ks][0], x[ks][1], &qh[nb][ks][0], &ql[nb][ks][0]);
-                ak_split2(x[ks][2], x[ks][3], &qh[nb][ks][1], &ql[nb][ks][1]);
-            }
-        } else {
-            amax = fmaxf(amax, gpu_shfl_xor(amax, 1));
-            amax = fmaxf(amax, gpu_shfl_xor(amax, 2));
-            float sc = amax / 127.0f, is = amax > 0.0f ? 127.0f / amax : 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KT; ks++) {
-                uint32_t d[3] = {0, 0, 0};
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float v = x[ks][j], u = 1.0f;   /* u: this digit's step, in units of sc */
-#pragma unroll
-                    for (int k = 0; k < 3; k++, u *= 1.0f / 128.0f) {
-                        float dk = fminf(127.0f, fmaxf(-127.0f, rintf(v * (is / u))));
-                        v = fmaf(-dk, sc * u, v);
-                        d[k] |= (uint32_t)(uint8_t)(int8_t)dk << (8 * j);
-                    }
-                }
-                qd[nb][ks][0] = d[0], qd[nb][ks][1] = d[1], qd[nb][ks][2] = d[2];
-            }
-#pragma unroll
-            for (int c = 0; c < 2; c++)
-                qs[nb][c] = gpu_shfl(sc, 4 * (2 * t4 + c));
+            float x0 = src ? src[e] : 0.0f, x1 = src ? src[e + 1] : 0.0f;
+            float x2 = src ? src[e + 2] : 0.0f, x3 = src ? src[e + 3] : 0.0f;
+            ak_split2(x0, x1, &qh[nb][ks][0], &ql[nb][ks][0]);
+            ak_split2(x2, x3, &qh[nb][ks][1], &ql[nb][ks][1]);
         }
 #pragma unroll
         for (int c = 0; c < 2; c++)
@@ -1169,60 +1131,32 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #pragma unroll
             for (int mc = 0; mc < MC; mc++)
                 S[nb][mc][0] = S[nb][mc][1] = S[nb][mc][2] = S[nb][mc][3] = 0.0f;
-        if constexpr (ROW == ROW_F16) {
 #pragma unroll
-            for (int ks = 0; ks < KT; ks++) {
+        for (int ks = 0; ks < KT; ks++) {
 #pragma unroll
-                for (int mc = 0; mc < MC; mc++) {
-                    const uint8_t *kr = kst + 16 * mc * KS;
+            for (int mc = 0; mc < MC; mc++) {
+                const uint8_t *kr = kst + 16 * mc * KS;
+                uint32_t af[4];
+                if constexpr (ROW == ROW_F16) {
                     uint2 x = *(const uint2 *)(kr + g * KS + 32 * ks + 8 * t4);
                     uint2 y = *(const uint2 *)(kr + (g + 8) * KS + 32 * ks + 8 * t4);
-                    const uint32_t af[4] = {x.x, y.x, x.y, y.y};
+                    af[0] = x.x;
+                    af[2] = x.y;
+                    af[1] = y.x;
+                    af[3] = y.y;
+                } else {
+                    int wo = ROW == ROW_I8C ? 4 + 4 * (t4 * KT + ks) : 4 + 16 * ks + 4 * t4;
+                    uint32_t x = *(const uint32_t *)(kr + g * KS + wo);
+                    uint32_t y = *(const uint32_t *)(kr + (g + 8) * KS + wo);
+                    akd_i8x4(x, &af[0], &af[2]);
+                    akd_i8x4(y, &af[1], &af[3]);
+                }
 #pragma unroll
-                    for (int nb = 0; nb < NB; nb++) {
-                        ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
-                        ak_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
-                    }
+                for (int nb = 0; nb < NB; nb++) {
+                    ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
+                    ak_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
                 }
             }
-        } else {
-            /* per digit k the codes' exact dots; S = s·(C0 + (C1 + C2/128)/128) */
-            int Si[NB][MC][3][4];
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int mc = 0; mc < MC; mc++)
-#pragma unroll
-                    for (int k = 0; k < 3; k++)
-                        Si[nb][mc][k][0] = Si[nb][mc][k][1] = Si[nb][mc][k][2] = Si[nb][mc][k][3] = 0;
-#pragma unroll
-            for (int ks = 0; ks < KT; ks += 2) {
-                int w0 = ROW == ROW_I8C ? 4 + 4 * (t4 * KT + ks) : 4 + 16 * ks + 4 * t4;
-                int w1 = ROW == ROW_I8C ? w0 + 4 : w0 + 16;
-#pragma unroll
-                for (int mc = 0; mc < MC; mc++) {
-                    const uint8_t *kr = kst + 16 * mc * KS;
-                    const uint32_t af[4] = {*(const uint32_t *)(kr + g * KS + w0),
-                                            *(const uint32_t *)(kr + (g + 8) * KS + w0),
-                                            *(const uint32_t *)(kr + g * KS + w1),
-                                            *(const uint32_t *)(kr + (g + 8) * KS + w1)};
-#pragma unroll
-                    for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                        for (int k = 0; k < 3; k++)
-                            ak_mma16832(Si[nb][mc][k], af, qd[nb][ks][k], qd[nb][ks + 1][k]);
-                }
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int mc = 0; mc < MC; mc++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        S[nb][mc][i] = qs[nb][i & 1] *
-                                       ((float)Si[nb][mc][0][i] +
-                                        ((float)Si[nb][mc][1][i] + (float)Si[nb][mc][2][i] * (1.0f / 128.0f)) *
-                                            (1.0f / 128.0f));
         }
         float kA[MC], kB[MC], dvA[MC], dvB[MC], dm = 1.0f, idm = 1.0f;   /* idm = 1/dm, exact */
 #pragma unroll
