@@ -410,9 +410,9 @@ done:
 
 /* A random-weight model, teacher-forced on 96 fixed ids (BOS first): the
  * first np as a prompt (up to 16 take the decode kernels), the rest decoded
- * one by one. Random weights amplify
- * every rounding difference (../shared/testdata/README.md: the reference's
- * two numerics differ by ~1 logit), so the bound is calibrated on the model:
+ * one by one. Random weights amplify every rounding difference
+ * (../shared/testdata/README.md: the reference's two numerics differ by ~1
+ * logit), so the bound is calibrated on the model:
  * the GPU (int8 activations per 32 values, f16 KV) must be no further from
  * the CPU than 1.5x the distance between the CPU and its own float
  * reference mode (plus 0.05), in mean |Δ logprob| over the CPU's top-10. */
