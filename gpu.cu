@@ -414,6 +414,13 @@ static __device__ __forceinline__ size_t gf_expert_block(const gf_mv &p, int g, 
     return (size_t)p.ids[i] * p.estride + (size_t)(b % be) * bytes;
 }
 
+/* Group g's matrix within a part: expert ids[g] of a stack, else the one
+ * matrix (experts side by side: gf_expert_block places each block). */
+static __device__ __forceinline__ size_t gf_group_off(const gf_mv &p, int g)
+{
+    return p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0;
+}
+
 /* row r of a launch's rows: its matrix (the part) and its row in it */
 static __device__ __forceinline__ int gf_mv_part(const gf_mv &p, int r, int *rr)
 {
@@ -472,7 +479,7 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
     for (int j = 0; j < R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;   /* past the end: a copy of the last row, not written */
         part[j] = gf_mv_part(p, r, &rr[j]);
-        w[j] = p.w[part[j]] + (p.ids ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
+        w[j] = p.w[part[j]] + gf_group_off(p, g) + (size_t)rr[j] * p.ldw;
     }
     float acc[R][NT];
 #pragma unroll
@@ -604,7 +611,7 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     for (int j = 0; j < GF_MV1_R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
         part[j] = gf_mv_part(p, r, &rr[j]);
-        w[j] = p.w[part[j]] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr[j] * p.ldw;
+        w[j] = p.w[part[j]] + gf_group_off(p, g) + (size_t)rr[j] * p.ldw;
     }
     /* balanced chunks of the row, or of each expert's part of it */
     int nb = p.ne ? p.ne / Q::BLK : p.n / Q::BLK, cpe = (nb + S::CB - 1) / S::CB, cb = (nb + cpe - 1) / cpe;
@@ -673,7 +680,7 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     __shared__ float part[GF_ROW_THREADS / GPU_WARP];
     int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
     int rr, pt = gf_mv_part(p, r, &rr);
-    const uint8_t *w = p.w[pt] + (p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0) + (size_t)rr * p.ldw;
+    const uint8_t *w = p.w[pt] + gf_group_off(p, g) + (size_t)rr * p.ldw;
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
     for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
@@ -766,14 +773,11 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
+    size_t eo = gf_group_off(p, g);
 #pragma unroll
     for (int k = 0; k < UL; k++) {
         uw[k] = 1.0f;
-        if (p.ne) {
-            uo[k] = gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]);
-        } else if (p.ids) {
-            uo[k] += (size_t)p.ids[g] * p.estride;
-        }
+        uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
     }
     if (p.ids && tile < tiles)
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
