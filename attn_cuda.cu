@@ -97,6 +97,7 @@ struct ak_args {
     int unit;        /* ak_dec: > 0, partitions sized on the device from the live
                         entries (akd_plen), only the live ones written */
     int pgreg;       /* ak_dec, dense: page ids of 32 steps ahead in a register */
+    int settled;     /* ak_dec, dense: gpu_attn's settled */
     int tiles;       /* ak_mma: row tiles per kv head (dense) or per query (QSA) */
     int rt;          /* ak_mma: rows per tile (16 per computing warp) */
     int qsa;
@@ -931,7 +932,14 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     constexpr int SP = 32 / MC; /* steps whose pages (one per 16-entry half) a register holds */
     extern __shared__ __align__(16) uint8_t ak_smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    gpu_grid_wait();   /* (launched early: q, the K/V rows and a QSA list come from the kernels ahead) */
+    /* Launched early: q, the new cells' K/V rows and a QSA list come from
+     * the kernels ahead, so it waits for them; with a.settled (dense) it
+     * first copies its first steps of cells before pos0, which no kernel
+     * ahead writes (nor pos0 and the page table): their loads overlap the
+     * kernels ahead instead of following them. */
+    bool early = a.settled && !a.qsa;
+    if (!early)
+        gpu_grid_wait();
     int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
     uint8_t *ring = ak_smem + (size_t)w * NST * SH::STAGE;
     const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 2 * C;
@@ -985,27 +993,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         pages_from(0);
     else
         ahead(0);
-
-    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
-    uint32_t qh[NB][KT][2], ql[NB][KT][2];
-    int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see */
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        int r = 8 * nb + g;
-        const float *src = r < R ? a.q + (size_t)out_row(r) * E : NULL;
-#pragma unroll
-        for (int ks = 0; ks < KT; ks++) {
-            /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
-            int e = ROW == ROW_I8C ? 4 * (t4 * KT + ks) : 16 * ks + 4 * t4;
-            float x0 = src ? src[e] : 0.0f, x1 = src ? src[e + 1] : 0.0f;
-            float x2 = src ? src[e + 2] : 0.0f, x3 = src ? src[e + 3] : 0.0f;
-            ak_split2(x0, x1, &qh[nb][ks][0], &ql[nb][ks][0]);
-            ak_split2(x2, x3, &qh[nb][ks][1], &ql[nb][ks][1]);
-        }
-#pragma unroll
-        for (int c = 0; c < 2; c++)
-            lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
-    }
 
     int n_steps = e_hi > e_lo ? (e_hi - e_lo + C - 1) / C : 0;
     int my = n_steps > w ? (n_steps - w + NW - 1) / NW : 0; /* this warp's steps */
@@ -1106,8 +1093,35 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         m[nb][0] = m[nb][1] = -INFINITY;
         l[nb][0] = l[nb][1] = 0.0f;
     }
+    int pre = 0; /* steps copied before the wait: whole steps of old cells */
+    if (early) {
+        for (; pre < NST - 1 && pre < my && e_lo + (w + pre * NW) * C + C <= p0; pre++)
+            issue(pre);
+        gpu_grid_wait();
+    }
+    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
+    uint32_t qh[NB][KT][2], ql[NB][KT][2];
+    int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see */
 #pragma unroll
-    for (int i = 0; i < NST - 1; i++) {
+    for (int nb = 0; nb < NB; nb++) {
+        int r = 8 * nb + g;
+        const float *src = r < R ? a.q + (size_t)out_row(r) * E : NULL;
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
+            int e = ROW == ROW_I8C ? 4 * (t4 * KT + ks) : 16 * ks + 4 * t4;
+            float x0 = src ? src[e] : 0.0f, x1 = src ? src[e + 1] : 0.0f;
+            float x2 = src ? src[e + 2] : 0.0f, x3 = src ? src[e + 3] : 0.0f;
+            ak_split2(x0, x1, &qh[nb][ks][0], &ql[nb][ks][0]);
+            ak_split2(x2, x3, &qh[nb][ks][1], &ql[nb][ks][1]);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+            lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
+    }
+
+#pragma unroll
+    for (int i = pre; i < NST - 1; i++) {
         if (i < my)
             issue(i);
         else
@@ -1534,6 +1548,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
     a.sel_off = g->sel_off;
     a.plen = INT_MAX;
     a.qsa = qsa;
+    a.settled = g->settled;
     return a;
 }
 

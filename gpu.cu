@@ -1850,6 +1850,9 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     if (T > GF_DECODE_T)
         return gpu_attn_prompt(&a, c->stream, err, errlen);
     a.out_q = c->aq, a.out_ds = (float *)c->ads;
+    /* gpu_eval copies pos0 and the page table before the step, and every
+     * cell before pos0 came from an earlier gpu_eval, which synchronised */
+    a.settled = 1;
     return gpu_attn_decode(&a, c->stream, err, errlen);
 }
 

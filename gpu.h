@@ -49,6 +49,11 @@ struct gpu_attn {
      * (T, H*E) and the blocks' scales (T*H*E/32, 4) (dev) */
     int8_t *out_q;
     float *out_ds;
+    /* decode, optional: 1 when pos0, the page table and the cells before
+     * pos0 were written by work that finished before the call's stream
+     * reaches it (copies, or kernels the stream completed before a copy):
+     * the kernel may read them before the kernel ahead of it finishes */
+    int settled;
 };
 
 /* Device scratch one call needs at most, for H query heads, T queries,
