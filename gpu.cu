@@ -726,38 +726,8 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
-/* lane's units of a row of U units in column slice `slice`: unit
- * u = (slice·UL + k)·32 + lane (ok[k]: u < U; ub[k] = u, or 0 past the
- * end), its superblock at byte uo[k] of the row, the pair in it ub[k] & 3 */
-template <int UL>
-static __device__ __forceinline__ void gf_mvk_units(int slice, int lane, int U, int (&ub)[UL], bool (&ok)[UL],
-                                                    size_t (&uo)[UL])
-{
-#pragma unroll
-    for (int k = 0; k < UL; k++) {
-        int u = (slice * UL + k) * GPU_WARP + lane;
-        ok[k] = u < U;
-        ub[k] = ok[k] ? u : 0;
-        uo[k] = (size_t)(ub[k] >> 2) * 144;
-    }
-}
-
-/* the lane's units of the row at w: headers h, codes q */
-template <int UL>
-static __device__ __forceinline__ void gf_mvk_row(const uint8_t *w, const size_t (&uo)[UL], const int (&ub)[UL],
-                                                  int4 (&h)[UL], int4 (&q)[UL][2])
-{
-#pragma unroll
-    for (int k = 0; k < UL; k++) {
-        const int4 *b = (const int4 *)(w + uo[k]);
-        h[k] = gf_ld_stream(b);
-        q[k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
-        q[k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
-    }
-}
-
 /* the R rows from r0 (the last row past the end), each unit k at byte uo[k]
- * of its row */
+ * of its row (its superblock's; ub[k] & 3 the pair in it) */
 template <int UL, int R>
 static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
                                                     const int (&ub)[UL], int4 (&h)[R][UL], int4 (&q)[R][UL][2])
@@ -766,36 +736,15 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     for (int j = 0; j < R; j++) {
         int r = r0 + j < total ? r0 + j : total - 1;
         int rr, pt = gf_mv_part(p, r, &rr);
-        gf_mvk_row<UL>(p.w[pt] + (size_t)rr * p.ldw, uo, ub, h[j], q[j]);
+        const uint8_t *w = p.w[pt] + (size_t)rr * p.ldw;
+#pragma unroll
+        for (int k = 0; k < UL; k++) {
+            const int4 *b = (const int4 *)(w + uo[k]);
+            h[j][k] = gf_ld_stream(b);
+            q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
+            q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
+        }
     }
-}
-
-/* the lane's activation: its units' codes and their blocks' scales */
-template <int UL>
-static __device__ __forceinline__ void gf_mvk_act(const int8_t *aq, const gf_ads *ads, const int (&ub)[UL],
-                                                  int4 (&xa)[UL][4], gf_ads (&xs)[UL][2])
-{
-#pragma unroll
-    for (int k = 0; k < UL; k++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            xa[k][i] = ((const int4 *)aq)[4 * ub[k] + i];
-        xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
-    }
-}
-
-/* the lane's part of a row's product (u % 4 == lane % 4) */
-template <int UL>
-static __device__ __forceinline__ float gf_mvk_dot(const int4 (&h)[UL], const int4 (&q)[UL][2],
-                                                   const int4 (&xa)[UL][4], const gf_ads (&xs)[UL][2],
-                                                   const bool (&ok)[UL], int lane)
-{
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < UL; k++)
-        if (ok[k])
-            acc += gf_q4k_pair(h[k], q[k], xa[k], xs[k], lane & 3);
-    return acc;
 }
 
 template <int UL>
@@ -806,10 +755,17 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
     int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
+    /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
     bool ok[UL];
     size_t uo[UL];
-    gf_mvk_units<UL>(slice, lane, U, ub, ok, uo);
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        int u = (slice * UL + k) * GPU_WARP + lane;
+        ok[k] = u < U;
+        ub[k] = ok[k] ? u : 0;
+        uo[k] = (size_t)(ub[k] >> 2) * 144;
+    }
     int4 wh[R][UL], wq[R][UL][2];
     int tile = blockIdx.x;
     if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
@@ -827,17 +783,32 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
-    gf_mvk_act<UL>(p.aq + arow * p.n, p.ads + arow * (p.n / GF_AB), ub, xa, xs);
+    const int4 *aq = (const int4 *)(p.aq + arow * p.n);
+    const gf_ads *ads = p.ads + arow * (p.n / GF_AB);
 #pragma unroll
-    for (int k = 0; k < UL; k++)
+    for (int k = 0; k < UL; k++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xa[k][i] = aq[4 * ub[k] + i];
+        xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
         xs[k][0].x *= uw[k], xs[k][1].x *= uw[k];   /* the expert's weight rides on the activation's scale */
+    }
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         if (tile + (int)gridDim.x < tiles)
             gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
+        float acc[R];
 #pragma unroll
         for (int j = 0; j < R; j++) {
-            float sum = warp_sum(gf_mvk_dot<UL>(wh[j], wq[j], xa, xs, ok, lane));
+            acc[j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < UL; k++)
+                if (ok[k])
+                    acc[j] += gf_q4k_pair(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float sum = warp_sum(acc[j]);
             if (lane == 0)
                 part[round & 1][slice][sub * R + j] = sum;
         }
@@ -891,45 +862,6 @@ static __device__ double gf_block_sum(double v)
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 
-/* Σ x² of the float4s t, t + stride, ... below n4, in double */
-static __device__ double gf_sumsq(const float4 *x, int n4, int t, int stride)
-{
-    double s = 0;
-    for (int i = t; i < n4; i += stride) {
-        float4 v = x[i];
-        s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-             (double)__fmul_rn(v.w, v.w);
-    }
-    return s;
-}
-
-/* RMSNorm's scale from the sum of squares of n values */
-static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps)
-{
-    return 1.0f / sqrtf((float)(ss / n) + eps);
-}
-
-/* SwiGLU: silu(g)·u (no multiply-add is fused, so every kernel rounds it alike) */
-static __device__ __forceinline__ float gf_swiglu(float g, float u)
-{
-    return __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), u);
-}
-
-/* Four values v (elements 4·i4 .. +3 of a row) as int8 codes into q and,
- * from the first thread of each block of 32, its scales into ds; eight
- * consecutive lanes a block, every lane of the warp calling (shuffles);
- * nothing stored where !ok. */
-static __device__ __forceinline__ void gf_q8_put(const float (&v)[4], int i4, bool ok, int8_t *q, gf_ads *ds)
-{
-    int qi[4];
-    gf_ads sc = gq_q8_act<4>(v, qi);
-    if (!ok)
-        return;
-    ((char4 *)q)[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
-    if (i4 % (GF_AB / 4) == 0)
-        ds[i4 / (GF_AB / 4)] = sc;
-}
-
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds)
@@ -938,8 +870,16 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
     size_t row = blockIdx.x;
     const float4 *xr = (const float4 *)(x + row * n);
     float scale = 1.0f;
-    if (MODE == GF_ACT_NORM) /* every block of the row sums the whole row: the same sum */
-        scale = gf_rms_scale(gf_block_sum(gf_sumsq(xr, n / 4, threadIdx.x, blockDim.x)), n, eps);
+    if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
+        double s = 0;
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            float4 v = xr[i];
+            s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+                 (double)__fmul_rn(v.w, v.w);
+        }
+        s = gf_block_sum(s);
+        scale = 1.0f / sqrtf((float)(s / n) + eps);
+    }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
     int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -955,169 +895,19 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
             float4 u = ((const float4 *)(x2 + row * n))[i4];
             float uw[4] = {u.x, u.y, u.z, u.w};
             for (int k = 0; k < 4; k++)
-                v[k] = gf_swiglu(v[k], uw[k]);
+                v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
         }
-        if (yf)
-            ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
     }
-    gf_q8_put(v, i4, ok, q + row * n, ds + row * (n / GF_AB));
-}
-
-/* ==== the FFN of a dense layer in one kernel (decode, Q4_K) ====
- * x += down(SwiGLU(gate·n, up·n)), n = RMSNorm(x)·w, for one token in one
- * launch of a block per SM, instead of four kernels, two of them activation
- * kernels that each cost ~3 µs of the step's chain (BENCH.md, eighth
- * pass). Each block normalises and quantises x itself into shared memory
- * (16 KB of x: gf_act_kernel's sums and codes), takes its tiles of the rows
- * of gate and up, a warp the pair (gate i, up i) a round, and writes
- * h = silu(g)·u; loads its first rows of down, meets the other blocks at a
- * grid barrier (a cooperative launch: all are resident), quantises all of h
- * itself as gf_act_kernel would, and adds its rows of down into x. Rows
- * wider than one warp's units are cut into column slices as in
- * gf_mvk_kernel, and every sum is taken in its order: the result is bit
- * for bit that of the four kernels. */
-#define GF_FFN_WARPS 12   /* slices of 1, 2, 3, 4 (gf_mvk_kernel's) all divide it */
-
-struct gf_ffn {
-    float *x;            /* (D): the residual, in and out */
-    const float *w;      /* ffn_norm */
-    float eps;
-    int D, F;            /* the widths of x and of h */
-    const uint8_t *gate, *up, *down;
-    size_t ldu, ldd;     /* row bytes of gate and up, of down */
-    int sb, sc;          /* column slices of the gate/up rows, of the down rows */
-    float *h;            /* (F) */
-    unsigned *bar;       /* the grid barrier: arrivals, then its generation (zeros at first) */
-};
-
-/* every block of the grid meets here (all resident); writes before show after */
-static __device__ void gf_grid_sync(unsigned *bar)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned *gen = bar + 1;
-        unsigned g0 = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g0)
-                ;
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-/* n values of v (times scale and w where w) into int8 blocks in shared
- * memory; v is read from L2 (other blocks wrote it in this launch) */
-static __device__ void gf_ffn_q8(const float *v, const float *w, float scale, int n, int8_t *q, gf_ads *ds)
-{
-    int lane = threadIdx.x % GPU_WARP;
-    /* whole warps a pass (n/4 is a multiple of 32): the shuffles see every lane */
-    for (int b = threadIdx.x - lane; b < n / 4; b += blockDim.x) {
-        int i4 = b + lane;
-#ifdef GPU_CUDA
-        float4 a = __ldcg((const float4 *)v + i4);
-#else
-        float4 a = ((const float4 *)v)[i4];
-#endif
-        float x[4] = {a.x, a.y, a.z, a.w};
-        if (w) {
-            float4 g = ((const float4 *)w)[i4];
-            float gw[4] = {g.x, g.y, g.z, g.w};
-            for (int k = 0; k < 4; k++)
-                x[k] = __fmul_rn(__fmul_rn(x[k], scale), gw[k]);
-        }
-        gf_q8_put(x, i4, true, q, ds);
-    }
-}
-
-__global__ void __launch_bounds__(GF_FFN_WARPS * GPU_WARP, 1) gf_ffn_kernel(gf_ffn p)
-{
-    enum { UL = 2 };
-    extern __shared__ __align__(16) uint8_t gf_ffn_smem[];
-    __shared__ float part[2][GF_FFN_WARPS][2];
-    int8_t *sq = (int8_t *)gf_ffn_smem;
-    gf_ads *sds = (gf_ads *)(gf_ffn_smem + (p.D > p.F ? p.D : p.F));
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
-    /* gate and up: tiles of nb rows, a warp of each slice on each */
-    int nb = GF_FFN_WARPS / p.sb, slice = warp / nb, sub = warp % nb, tiles = (p.F + nb - 1) / nb;
-    int ub[UL];
-    bool ok[UL];
-    size_t uo[UL];
-    gf_mvk_units<UL>(slice, lane, p.D / 64, ub, ok, uo);
-    int4 wh[2][UL], wq[2][UL][2];
-    auto pair = [&](int t, int4 (&h)[2][UL], int4 (&q)[2][UL][2]) {
-        size_t i = (size_t)min(t * nb + sub, p.F - 1);
-        gf_mvk_row<UL>(p.gate + i * p.ldu, uo, ub, h[0], q[0]);
-        gf_mvk_row<UL>(p.up + i * p.ldu, uo, ub, h[1], q[1]);
-    };
-    int tile = blockIdx.x;
-    if (tile < tiles)
-        pair(tile, wh, wq);
-    gpu_grid_wait();
-    /* the norm's sum as gf_act_kernel's GF_ACT_THREADS threads take it (the rest add zeros) */
-    double ss = threadIdx.x < GF_ACT_THREADS ? gf_sumsq((const float4 *)p.x, p.D / 4, threadIdx.x, GF_ACT_THREADS) : 0;
-    gf_ffn_q8(p.x, p.w, gf_rms_scale(gf_block_sum(ss), p.D, p.eps), p.D, sq, sds);
-    __syncthreads();
-    int4 xa[UL][4];
-    gf_ads xs[UL][2];
-    gf_mvk_act<UL>(sq, sds, ub, xa, xs);
-    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
-        int4 nh[2][UL], nq[2][UL][2];
-        if (tile + (int)gridDim.x < tiles)
-            pair(tile + gridDim.x, nh, nq);
-        float g = warp_sum(gf_mvk_dot<UL>(wh[0], wq[0], xa, xs, ok, lane));
-        float u = warp_sum(gf_mvk_dot<UL>(wh[1], wq[1], xa, xs, ok, lane));
-        if (lane == 0)
-            part[round & 1][warp][0] = g, part[round & 1][warp][1] = u;
-        __syncthreads();   /* a barrier a round, as gf_mvk_kernel (keeps the warps' rows together) */
-        int i = tile * nb + sub;
-        if (slice == 0 && lane == 0 && i < p.F) {
-            for (int k = 1; k < p.sb; k++)
-                g += part[round & 1][k * nb + sub][0], u += part[round & 1][k * nb + sub][1];
-            p.h[i] = gf_swiglu(g, u);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int k = 0; k < UL; k++)
-                wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
-    }
-    /* down: this block's first rows on their way before the barrier */
-    nb = GF_FFN_WARPS / p.sc, slice = warp / nb, sub = warp % nb, tiles = (p.D + nb - 1) / nb;
-    gf_mvk_units<UL>(slice, lane, p.F / 64, ub, ok, uo);
-    int4 dh[UL], dq[UL][2];
-    tile = blockIdx.x;
-    if (tile < tiles)
-        gf_mvk_row<UL>(p.down + (size_t)min(tile * nb + sub, p.D - 1) * p.ldd, uo, ub, dh, dq);
-    gf_grid_sync(p.bar);
-    gpu_grid_launch_dependents();   /* (only now: its blocks must not take an SM one of these still needs) */
-    gf_ffn_q8(p.h, NULL, 1.0f, p.F, sq, sds);
-    __syncthreads();
-    gf_mvk_act<UL>(sq, sds, ub, xa, xs);
-    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
-        int4 nh[UL], nq[UL][2];
-        if (tile + (int)gridDim.x < tiles)
-            gf_mvk_row<UL>(p.down + (size_t)min((tile + (int)gridDim.x) * nb + sub, p.D - 1) * p.ldd, uo, ub, nh,
-                           nq);
-        float y = warp_sum(gf_mvk_dot<UL>(dh, dq, xa, xs, ok, lane));
-        if (lane == 0)
-            part[round & 1][warp][0] = y;
-        __syncthreads();
-        int r = tile * nb + sub;
-        if (slice == 0 && lane == 0 && r < p.D) {
-            for (int k = 1; k < p.sc; k++)
-                y += part[round & 1][k * nb + sub][0];
-            p.x[r] = y + p.x[r];
-        }
-#pragma unroll
-        for (int k = 0; k < UL; k++)
-            dh[k] = nh[k], dq[k][0] = nq[k][0], dq[k][1] = nq[k][1];
-    }
+    int qi[4];
+    gf_ads sc = gq_q8_act<4>(v, qi);
+    if (!ok)
+        return;
+    if (yf)
+        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
+    ((char4 *)(q + row * n))[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
+                                              (signed char)qi[3]);
+    if (i4 % (GF_AB / 4) == 0)
+        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] = sc;
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1510,8 +1300,6 @@ struct gpu_ctx {
     int T, MU, max_cells, max_pages, gemm_ok;
     gpuStream_t stream;
     float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
-    unsigned *bar;         /* gf_ffn_kernel's grid barrier (zeros at first) */
-    int ffn_fused;         /* layers whose FFN gf_ffn_kernel ran in the last pass */
     int8_t *aq;
     gf_ads *ads;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
@@ -2039,45 +1827,6 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
-/* The FFN of a dense layer as one kernel (gf_ffn_kernel): one token,
- * gate, up and down of a type and width gf_mvk_kernel takes, in slices
- * that divide GF_FFN_WARPS; CUDA only (a cooperative launch; not run on
- * AMD hardware). STRATA_GPU_FFN_SPLIT=1: the four kernels. Returns 1 where
- * not taken. */
-static int gf_ffn_run(struct gpu_ctx *c, const struct gf_layer *ly, int T, char *err, size_t errlen)
-{
-#ifdef GPU_CUDA
-    const struct gf_mat *gw = &ly->gate, *uw = &ly->up, *dw = &ly->down;
-    int D = c->g->hp.n_embd, F = gw->rows, UL, sb = 0, sc = 0;
-    if (T != 1 || ly->moe || gf_env("STRATA_GPU_FFN_SPLIT") || !gf_mvk_takes(gw->type, D, &UL, &sb) ||
-        !gf_mvk_takes(dw->type, F, &UL, &sc) || GF_FFN_WARPS % sb || GF_FFN_WARPS % sc || uw->type != gw->type ||
-        gw->n != D || uw->n != D || uw->rows != F || uw->ldw != gw->ldw || dw->n != F || dw->rows != D)
-        return 1;
-    size_t smem = (size_t)(D > F ? D : F) / GF_AB * (GF_AB + sizeof(gf_ads));
-    static size_t asked;   /* the blocks an SM holds, asked once per size */
-    static int per_sm;
-    if (asked != smem) {
-        int b = 0;
-        per_sm = gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, gf_ffn_kernel, GF_FFN_WARPS * GPU_WARP, smem) ==
-                 gpuSuccess ? b : 0;
-        asked = smem;
-    }
-    int sms = gf_sms();
-    if (per_sm <= 0 || sms <= 0)
-        return 1;
-    gf_ffn p = {c->x, ly->ffn_norm, c->g->hp.rms_eps, D, F, gw->d, uw->d, dw->d, gw->ldw, dw->ldw, sb, sc,
-                c->gt, c->bar};
-    (void)gpu_launch(gf_ffn_kernel, dim3(sms * per_sm), dim3(GF_FFN_WARPS * GPU_WARP), smem, c->stream,
-                     (gf_pdl_ok() ? GPU_LAUNCH_PDL : 0) | GPU_LAUNCH_COOP, p);
-    GF_LAUNCH_CHECK(err, errlen);
-    c->ffn_fused++;
-    return 0;
-#else
-    (void)c, (void)ly, (void)T, (void)err, (void)errlen;
-    return 1;
-#endif
-}
-
 static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
 {
     struct kv_layout lo;
@@ -2179,21 +1928,15 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
-        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen))
-        return -1;
-    gf_mark(c, GF_ST_WO);
-    int rc = gf_ffn_run(c, ly, T, err, errlen);
-    if (rc <= 0) {
-        gf_mark(c, GF_ST_DOWN);
-        return rc;
-    }
-    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
+        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
+        (gf_mark(c, GF_ST_WO), 0) ||
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
         int F = ly->gate.rows;
         struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
-        rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen)
                      ? -1 : 0;
@@ -2210,8 +1953,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
      * kernels; in decode the down products add into x themselves */
     const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
     float *gu_y[2] = {c->gt, c->up};
-    rc = gf_experts_gemm(c, ly, T, err, errlen);
-    int summed = 0;
+    int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
         if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
@@ -2239,7 +1981,6 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     const struct gpu_model *g = c->g;
     const struct model_hp *hp = &g->hp;
     int D = hp->n_embd, V = hp->n_vocab;
-    c->ffn_fused = 0;
     gf_launch(gf_embed_kernel, T, 256, 0, c->stream, g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D,
               (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
@@ -2267,7 +2008,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
         gpuGraphExecDestroy(c->graph);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->offs, c->xs, c->bar};
+                    c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -2370,11 +2111,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->io, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
-             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ||
-             gf_alloc((void **)&c->bar, 2 * sizeof(unsigned), err, errlen) ? -1 : 0;
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
     }
-    if (!rc && (e = gpuMemset(c->bar, 0, 2 * sizeof(unsigned))) != gpuSuccess)
-        rc = strata_errf(err, errlen, "gpuMemset: %s", gpuGetErrorString(e));
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
         if (e == gpuSuccess)
@@ -2607,11 +2345,6 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
     return med;
 }
 
-
-int gpu_test_ffn_fused(const struct gpu_ctx *c)
-{
-    return c->ffn_fused;
-}
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen)

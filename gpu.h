@@ -163,9 +163,6 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
  * us: stage us ..." summed over the layers. */
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen);
-/* Layers whose FFN went through the one-kernel FFN (gpu.cu's
- * gf_ffn_kernel) in the context's last pass run or captured. */
-int gpu_test_ffn_fused(const struct gpu_ctx *c);
 
 #ifdef __cplusplus
 }

@@ -157,7 +157,7 @@ static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
 #endif
 
 /* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
- * gpu_launch(..., GPU_LAUNCH_PDL, ...) may have blocks resident before the kernel
+ * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
  * ahead of it has finished; it must call gpu_grid_wait before it touches
  * memory the one ahead writes or reads (the wait returns once that kernel
  * has finished and its writes show). gpu_grid_launch_dependents lets the
@@ -203,34 +203,22 @@ static inline gpuError_t gpu_device_facts(int *arch, int *sms)
     return gpuSuccess;
 }
 
-/* gpu_launch's how: a programmatic dependent (above); a cooperative grid,
- * every block resident at once (CUDA; the launch fails where they do not
- * fit), so that its blocks may wait for each other */
-enum { GPU_LAUNCH_PDL = 1, GPU_LAUNCH_COOP = 2 };
-
 template <typename... P, typename... A>
-static inline gpuError_t gpu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int how,
+static inline gpuError_t gpu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int pdl,
                                     A... args)
 {
 #ifdef GPU_CUDA
-    if (how) {
-        cudaLaunchAttribute at[2] = {};
-        int n = 0;
-        if (how & GPU_LAUNCH_PDL) {
-            at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[n++].val.programmaticStreamSerializationAllowed = 1;
-        }
-        if (how & GPU_LAUNCH_COOP) {
-            at[n].id = cudaLaunchAttributeCooperative;
-            at[n++].val.cooperative = 1;
-        }
+    if (pdl) {
+        cudaLaunchAttribute at = {};
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-        cfg.attrs = at, cfg.numAttrs = n;
+        cfg.attrs = &at, cfg.numAttrs = 1;
         return cudaLaunchKernelEx(&cfg, k, (P)args...);
     }
 #else
-    (void)how;
+    (void)pdl;
 #endif
     k<<<grid, block, smem, s>>>((P)args...);
     return gpuGetLastError();

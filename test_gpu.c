@@ -531,69 +531,6 @@ static void tg_moe(void)
     remove(path);
 }
 
-/* The FFN of a dense layer as one kernel (gpu.cu's gf_ffn_kernel) on a
- * qwen3 written by synth with Q4_K matrices, n_embd and n_ff wide (their
- * rows in 1, 2 or 3 column slices): GPU vs CPU as for the other models, and
- * the decode steps' logits bit for bit those of the four kernels it
- * replaces (STRATA_GPU_FFN_SPLIT=1), with every layer through it. */
-static void tg_ffn_model(const char *n_embd, const char *n_ff)
-{
-    char err[256], label[64], *path = "/tmp/strata-test-gpu-ffn.gguf";
-    snprintf(label, sizeof label, "qwen3-synth-Q4_K %s %s", n_embd, n_ff);
-    char *argv[] = {"synth", "--arch", "qwen3", "--set", (char *)n_embd, "--set", (char *)n_ff, "--set",
-                    "n_layer=2", "--set", "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set",
-                    "n_vocab=2000", "--type", "Q4_K", "-o", path};
-    if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
-        return;
-    tg_random_model(label, path, 8);
-    enum { N = 24, NP = 4 };
-    struct model *m = NULL;
-    float *lg[2] = {NULL, NULL};
-    int fused[2] = {-1, -1};
-    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
-        goto done;
-    int V = model_hp(m)->n_vocab, L = model_hp(m)->n_layer;
-    int32_t ids[N];
-    unsigned seed = 11;
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
-    for (int split = 0; split < 2; split++) {
-        struct tg_gpu t = {0};
-        lg[split] = malloc(sizeof(float) * N * V);
-        if (split)
-            setenv("STRATA_GPU_FFN_SPLIT", "1", 1);
-        int ok = lg[split] && tg_gpu_open(&t, m, KV_CELL_F16, 64, 8) == 0 &&
-                 tg_gpu_run(&t, ids, N, NP, lg[split], V) == 0;
-        fused[split] = ok ? gpu_test_ffn_fused(t.c) : -1;
-        unsetenv("STRATA_GPU_FFN_SPLIT");
-        tg_gpu_close(&t);
-        if (!ok)
-            goto done;
-    }
-    double dmax = 0;
-    for (size_t i = (size_t)NP * V; i < (size_t)N * V; i++)
-        dmax = fmax(dmax, fabs((double)lg[0][i] - lg[1][i]));
-    printf("  %s: %d of %d layers through the one kernel (%d split); %d decode steps, max |d logit| against the "
-           "four kernels %g\n", label, fused[0], L, fused[1], N - NP, dmax);
-    CHECK(fused[0] == L && fused[1] == 0, "layers through the one kernel: %d (split: %d), want %d (0)", fused[0],
-          fused[1], L);
-    CHECK(memcmp(lg[0] + (size_t)NP * V, lg[1] + (size_t)NP * V, sizeof(float) * (N - NP) * V) == 0,
-          "decode logits differ from the four kernels' (max |d| %g)", dmax);
-done:
-    free(lg[0]), free(lg[1]);
-    model_free(m);
-    remove(path);
-}
-
-static void tg_ffn(void)
-{
-    if (!test_begin_gpu("gpu/ffn one-kernel FFN: decode bit for bit the four kernels', GPU vs CPU teacher-forced "
-                        "(bound: 1.5x CPU vs f32ref + 0.05)"))
-        return;
-    tg_ffn_model("n_embd=512", "n_ff=8448");    /* gate/up rows in 1 slice, down rows in 3 */
-    tg_ffn_model("n_embd=4608", "n_ff=1536");   /* 2 and 1 */
-}
-
 /* ---- timing (STRATA_GPU_BENCH=1) ---- */
 
 static double tg_now(void)
@@ -763,7 +700,6 @@ void test_gpu(void)
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
-    tg_ffn();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
