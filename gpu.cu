@@ -401,10 +401,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* Column slices as groups (gf_mvk_kernel, one row, gf_x_product): group
-     * g takes the units of slice g of every row, a block one slice, and
-     * writes its partial sums to y[g·y_g + r] */
-    int gslice;
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -757,7 +753,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
-    int slice = p.gslice ? g : warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
     int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
@@ -866,42 +862,6 @@ static __device__ double gf_block_sum(double v)
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 
-/* Σ x² of the float4s t, t + stride, ... below n4, in double */
-static __device__ __forceinline__ double gf_sq4(float4 v)
-{
-    return (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-           (double)__fmul_rn(v.w, v.w);
-}
-
-/* RMSNorm's scale from the sum of squares of n values */
-static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps)
-{
-    return 1.0f / sqrtf((float)(ss / n) + eps);
-}
-
-/* Four values v (elements 4·i4 .. +3 of a row) as int8 codes into q and,
- * from the first thread of each block of 32, its scales into ds; eight
- * consecutive lanes a block, every lane of the warp calling (shuffles);
- * nothing stored where !ok. */
-static __device__ __forceinline__ void gf_q8_put(const float (&v)[4], int i4, bool ok, int8_t *q, gf_ads *ds)
-{
-    int qi[4];
-    gf_ads sc = gq_q8_act<4>(v, qi);
-    if (!ok)
-        return;
-    ((char4 *)q)[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
-    if (i4 % (GF_AB / 4) == 0)
-        ds[i4 / (GF_AB / 4)] = sc;
-}
-
-/* RMSNorm's four values v·scale·w of float4 i4 */
-static __device__ __forceinline__ void gf_norm4(float4 a, float scale, const float *w, int i4, float (&v)[4])
-{
-    float4 g = ((const float4 *)w)[i4];
-    v[0] = __fmul_rn(__fmul_rn(a.x, scale), g.x), v[1] = __fmul_rn(__fmul_rn(a.y, scale), g.y);
-    v[2] = __fmul_rn(__fmul_rn(a.z, scale), g.z), v[3] = __fmul_rn(__fmul_rn(a.w, scale), g.w);
-}
-
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds)
@@ -912,9 +872,13 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
     float scale = 1.0f;
     if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
         double s = 0;
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
-            s += gf_sq4(xr[i]);
-        scale = gf_rms_scale(gf_block_sum(s), n, eps);
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            float4 v = xr[i];
+            s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+                 (double)__fmul_rn(v.w, v.w);
+        }
+        s = gf_block_sum(s);
+        scale = 1.0f / sqrtf((float)(s / n) + eps);
     }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
     int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
@@ -923,63 +887,27 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
         float4 a = xr[i4];
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         if (MODE == GF_ACT_NORM) {
-            gf_norm4(a, scale, w, i4, v);
+            float4 g = ((const float4 *)w)[i4];
+            float gw[4] = {g.x, g.y, g.z, g.w};
+            for (int k = 0; k < 4; k++)
+                v[k] = __fmul_rn(__fmul_rn(v[k], scale), gw[k]);
         } else if (MODE == GF_ACT_SWIGLU) {
             float4 u = ((const float4 *)(x2 + row * n))[i4];
             float uw[4] = {u.x, u.y, u.z, u.w};
             for (int k = 0; k < 4; k++)
                 v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
         }
-        if (yf)
-            ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
     }
-    gf_q8_put(v, i4, ok, q + row * n, ds + row * (n / GF_AB));
-}
-
-/* RMSNorm of x after adding the partial sums a product in column slices
- * left (gf_x_product): x + ((xp[0] + xp[1]) + ...) in slice order, the sum
- * that product's slices would have formed in shared memory, so that x is
- * bit for bit what the one-launch product gives; x written back, then as
- * gf_act_kernel's NORM. One block a row (it reads all of x before writing
- * it), each thread the float4s t, t + 256, ... in registers (GF_FOLD_V of
- * them: rows up to 1024·GF_FOLD_V). */
-#define GF_FOLD_V 8
-__global__ void __launch_bounds__(GF_ACT_THREADS) gf_fold_norm_kernel(float *x, const float *xp, int np,
-                                                                      size_t xp_stride, const float *w, float eps,
-                                                                      int n, float *yf, int8_t *q, gf_ads *ds)
-{
-    gf_pdl_begin();
-    size_t row = blockIdx.x;
-    float4 *xr = (float4 *)(x + row * n);
-    float4 v[GF_FOLD_V];
-    double s = 0;
-#pragma unroll
-    for (int k = 0; k < GF_FOLD_V; k++) {
-        int i = threadIdx.x + k * GF_ACT_THREADS;
-        if (i < n / 4) {
-            float4 a = ((const float4 *)(xp + row * n))[i];
-            for (int j = 1; j < np; j++) {
-                float4 b = ((const float4 *)(xp + j * xp_stride + row * n))[i];
-                a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-            }
-            float4 r = xr[i];
-            v[k] = make_float4(a.x + r.x, a.y + r.y, a.z + r.z, a.w + r.w);
-            s += gf_sq4(v[k]);
-        }
-    }
-    float scale = gf_rms_scale(gf_block_sum(s), n, eps);
-#pragma unroll
-    for (int k = 0; k < GF_FOLD_V; k++) {
-        int i = threadIdx.x + k * GF_ACT_THREADS;   /* whole warps: n/4 is a multiple of 32 */
-        if (i < n / 4) {
-            float y[4];
-            gf_norm4(v[k], scale, w, i, y);
-            xr[i] = v[k];
-            if (yf)
-                ((float4 *)(yf + row * n))[i] = make_float4(y[0], y[1], y[2], y[3]);
-            gf_q8_put(y, i, true, q + row * n, ds + row * (n / GF_AB));
-        }
-    }
+    int qi[4];
+    gf_ads sc = gq_q8_act<4>(v, qi);
+    if (!ok)
+        return;
+    if (yf)
+        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
+    ((char4 *)(q + row * n))[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
+                                              (signed char)qi[3]);
+    if (i4 % (GF_AB / 4) == 0)
+        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] = sc;
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1070,13 +998,14 @@ struct gf_store {
     const float *k, *v;
 };
 
-/* One row x (E) of cell c, kv head h, K or V, into its page slot in the
- * format fmt, by the 32 lanes of one warp: kv.c's encoders, the same bits. */
-static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt, int c, int h, int isv,
+/* One row x (E) of cell c (in page pg), kv head h, K or V, into its page
+ * slot in the format fmt, by the 32 lanes of one warp: kv.c's encoders, the
+ * same bits. */
+static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt, int c, int pg, int h, int isv,
                                     const float *x)
 {
     int lane = threadIdx.x % 32, E = kv.E, P = kv.P;
-    uint8_t *blk = kv.pages + (size_t)kv.page_table[c / P] * kv.page_bytes +
+    uint8_t *blk = kv.pages + (size_t)pg * kv.page_bytes +
                    ((size_t)layer * kv.K + h) * P * (kv.kbytes + kv.vbytes);
     uint8_t *dst = isv ? blk + (size_t)P * kv.kbytes + (size_t)(c % P) * kv.vbytes : blk + (size_t)(c % P) * kv.kbytes;
     if (fmt == GF_ROW_F32) {
@@ -1130,8 +1059,8 @@ static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt,
 __global__ void gf_store_kernel(gf_store p)
 {
     gf_pdl_begin();
-    int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z;
-    gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, *p.pos0 + t, h, isv,
+    int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z, c = *p.pos0 + t;
+    gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, c, p.kv.page_table[c / p.kv.P], h, isv,
                  (isv ? p.v : p.k) + ((size_t)t * p.kv.K + h) * p.kv.E);
 }
 
@@ -1150,19 +1079,39 @@ struct gf_qkv {
 /* block (t, head of H+K+K): q heads, then k, then v */
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
-    gf_pdl_begin();
-    __shared__ float hv[1024];
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E;
+    /* First what no kernel ahead writes (gpu_eval copied the position and
+     * the page table before the pass): the cell, its page, RoPE's angles
+     * and the norm's weights, so that their loads and the sines overlap the
+     * kernel ahead instead of following it. */
+    gpu_grid_launch_dependents();
+    __shared__ float hv[1024], nwv[1024], co[512], si[512];
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, half = p.n_rot / 2;
+    int pg = p.kv.pages && hd >= p.H ? p.kv.page_table[cell / p.kv.P] : 0;
+    const float *nw = hd < p.H ? p.q_norm : hd < p.H + p.K ? p.k_norm : NULL;
+    if (nw)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            nwv[i] = nw[i];
+    if (hd < p.H + p.K)
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            /* θ as the CPU forms it: position, times theta_scale i times in f32 */
+            float theta = (float)cell;
+            for (int j = 0; j < i; j++)
+                theta = __fmul_rn(theta, p.theta_scale);
+            float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
+            th = __fmul_rn(p.freq_scale, th);
+            co[i] = cosf(th), si[i] = sinf(th);
+        }
+    gpu_grid_wait();
     float *x;
-    const float *b, *nw;
+    const float *b;
     if (hd < p.H) {
-        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm;
+        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL;
     } else if (hd < p.H + p.K) {
         int h = hd - p.H;
-        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm;
+        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL;
     } else {
         int h = hd - p.H - p.K;
-        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
+        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL;
     }
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
@@ -1172,7 +1121,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
             x[i] = hv[i];
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, *p.pos0 + t, hd - p.H - p.K, 1, x);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
         return;
     }
     if (nw) {
@@ -1182,30 +1131,22 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         s = gf_block_sum(s);
         float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
         for (int i = threadIdx.x; i < E; i += blockDim.x)
-            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nw[i]);
+            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
         __syncthreads();
     }
-    int half = p.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        /* θ as the CPU forms it: position, times theta_scale i times in f32 */
-        float theta = (float)(*p.pos0 + t);
-        for (int j = 0; j < i; j++)
-            theta = __fmul_rn(theta, p.theta_scale);
-        float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
-        th = __fmul_rn(p.freq_scale, th);
-        float co = cosf(th), si = sinf(th);
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
-        x[i0] = fmaf(a, co, -__fmul_rn(c, si));
-        x[i1] = fmaf(a, si, __fmul_rn(c, co));
+        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
+        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
     for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, *p.pos0 + t, hd - p.H, 0, x);
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
     }
 }
 
@@ -1372,9 +1313,6 @@ struct gpu_ctx {
     int T, MU, max_cells, max_pages, gemm_ok;
     gpuStream_t stream;
     float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
-    float *xp;             /* (GF_MVK_SMAX, D): partial sums of x's last product (gf_x_product) */
-    int xp_n;              /* how many are waiting for gf_norm_x (host state while a pass is queued) */
-    int sliced;            /* products gf_x_product ran in slices in the last pass run or captured */
     int8_t *aq;
     gf_ads *ads;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
@@ -1902,51 +1840,6 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
-/* x += W·a, the residual (wo, down). One token whose rows gf_mvk_kernel
- * cuts into S > 1 column slices: the slices go as S groups of one-slice
- * blocks of four warps, as the narrow products run (the down product's
- * 12-warp blocks read 1.9 TB/s, the 4-warp ones of gate/up 3.0, BENCH.md),
- * each writing its partial sums to c->xp; the next RMSNorm of x
- * (gf_norm_x) adds them in slice order. STRATA_GPU_NO_SLICES=1: one launch
- * adds into x. */
-static int gf_x_product(struct gpu_ctx *c, const struct gf_mat *w, const float *af, int T, const float *bias,
-                        char *err, size_t errlen)
-{
-    int UL, S, D = c->g->hp.n_embd;
-    if (c->xp_n)
-        return strata_errf(err, errlen, "GPU pass: a product into x before the last one's sums were added");
-    if (T != 1 || bias || !gf_mvk_takes(w->type, w->n, &UL, &S) || S < 2 || D > 4 * GF_ACT_THREADS * GF_FOLD_V ||
-        gf_env("STRATA_GPU_NO_SLICES"))
-        return gf_matmul(c, w, af, T, c->x, D, bias, 1, err, errlen);
-    gf_mv p;
-    memset(&p, 0, sizeof p);
-    p.w[0] = w->d, p.parts = 1, p.end[0] = p.end[1] = p.end[2] = w->rows;
-    p.y[0] = c->xp, p.y_g[0] = (size_t)D;
-    p.ldw = w->ldw, p.n = w->n, p.aq = c->aq, p.ads = c->ads, p.af = af;
-    p.a_div = S, p.a_g = 1, p.t_total = 1, p.gslice = 1;
-    gf_mvk_launch<2>(p, S, 1, c->stream);   /* (S > 1: two units a lane) */
-    GF_LAUNCH_CHECK(err, errlen);
-    c->xp_n = S;
-    c->sliced++;
-    return 0;
-}
-
-/* RMSNorm(x)·w of x's rows out0 .. out0 + n - 1 into c->xn and the int8
- * blocks, after adding the partial sums gf_x_product left (into x). */
-static int gf_norm_x(struct gpu_ctx *c, const float *w, int out0, int n, char *err, size_t errlen)
-{
-    const struct model_hp *hp = &c->g->hp;
-    int D = hp->n_embd;
-    float *x = c->x + (size_t)out0 * D;
-    if (!c->xp_n)
-        return gf_act(c->stream, GF_ACT_NORM, x, NULL, w, hp->rms_eps, D, n, c->xn, c->aq, c->ads, err, errlen);
-    gf_launch(gf_fold_norm_kernel, n, GF_ACT_THREADS, 0, c->stream, x, (const float *)c->xp, c->xp_n, (size_t)D, w,
-              hp->rms_eps, D, c->xn, c->aq, c->ads);
-    c->xp_n = 0;
-    GF_LAUNCH_CHECK(err, errlen);
-    return 0;
-}
-
 static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
 {
     struct kv_layout lo;
@@ -2028,7 +1921,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 
     struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
                             {&ly->wv, c->v, (size_t)KE, NULL}};
-    if (gf_norm_x(c, ly->attn_norm, 0, T, err, errlen) ||
+    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen) ||
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_QKV);
@@ -2048,8 +1941,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
-        (gf_mark(c, GF_ST_ACT), 0) || gf_x_product(c, &ly->wo, c->ao, T, ly->bo, err, errlen) ||
-        (gf_mark(c, GF_ST_WO), 0) || gf_norm_x(c, ly->ffn_norm, 0, T, err, errlen))
+        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
+        (gf_mark(c, GF_ST_WO), 0) ||
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
@@ -2057,7 +1951,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
         int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen) ||
-                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_x_product(c, &ly->down, c->gt, T, NULL, err, errlen)
+                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen)
                      ? -1 : 0;
         gf_mark(c, GF_ST_DOWN);
         return rc;
@@ -2100,7 +1994,6 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     const struct gpu_model *g = c->g;
     const struct model_hp *hp = &g->hp;
     int D = hp->n_embd, V = hp->n_vocab;
-    c->xp_n = 0, c->sliced = 0;
     gf_launch(gf_embed_kernel, T, 256, 0, c->stream, g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D,
               (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
@@ -2111,7 +2004,8 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     int n = T - out0;
     if (n <= 0)
         return 0;
-    int rc = gf_norm_x(c, g->output_norm, out0, n, err, errlen) ||
+    int rc = gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm, hp->rms_eps, D, n,
+                    c->xn, c->aq, c->ads, err, errlen) ||
              gf_matmul(c, &g->output, c->xn, n, c->logits, V, g->output_b, 0, err, errlen) ? -1 : 0;
     gf_mark(c, GF_ST_HEAD);
     return rc;
@@ -2127,7 +2021,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
         gpuGraphExecDestroy(c->graph);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->offs, c->xs, c->xp};
+                    c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -2230,8 +2124,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->io, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
-             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ||
-             gf_alloc((void **)&c->xp, (size_t)GF_MVK_SMAX * D * fb, err, errlen) ? -1 : 0;
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
     }
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
@@ -2465,11 +2358,6 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
     return med;
 }
 
-
-int gpu_test_sliced(const struct gpu_ctx *c)
-{
-    return c->sliced;
-}
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen)

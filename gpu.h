@@ -163,9 +163,6 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
  * us: stage us ..." summed over the layers. */
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen);
-/* Products into x that ran in column slices (gpu.cu's gf_x_product) in
- * the context's last pass run or captured. */
-int gpu_test_sliced(const struct gpu_ctx *c);
 
 #ifdef __cplusplus
 }

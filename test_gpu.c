@@ -531,72 +531,6 @@ static void tg_moe(void)
     remove(path);
 }
 
-/* Products into x in column slices (gpu.cu's gf_x_product) on a qwen3
- * written by synth with Q4_K matrices: GPU vs CPU as for the other models,
- * and the decode steps' logits bit for bit those of the one-launch
- * products (STRATA_GPU_NO_SLICES=1), with `want` products a step sliced. */
-static void tg_slices_model(const char *label, char *const *set, int n_set, int want)
-{
-    char err[256], *path = "/tmp/strata-test-gpu-slices.gguf", *argv[32];
-    int argc = 0;
-    argv[argc++] = "synth", argv[argc++] = "--arch", argv[argc++] = "qwen3";
-    for (int i = 0; i < n_set; i++)
-        argv[argc++] = "--set", argv[argc++] = set[i];
-    argv[argc++] = "--type", argv[argc++] = "Q4_K", argv[argc++] = "-o", argv[argc++] = path;
-    if (!CHECK(synth_main(argc, argv, err, sizeof err) == 0, "synth: %s", err))
-        return;
-    tg_random_model(label, path, 8);
-    enum { N = 24, NP = 4 };
-    struct model *m = NULL;
-    float *lg[2] = {NULL, NULL};
-    int sliced[2] = {-1, -1};
-    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
-        goto done;
-    int V = model_hp(m)->n_vocab;
-    int32_t ids[N];
-    unsigned seed = 11;
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
-    for (int one = 0; one < 2; one++) {
-        struct tg_gpu t = {0};
-        lg[one] = malloc(sizeof(float) * N * V);
-        if (one)
-            setenv("STRATA_GPU_NO_SLICES", "1", 1);
-        int ok = lg[one] && tg_gpu_open(&t, m, KV_CELL_F16, 64, 8) == 0 &&
-                 tg_gpu_run(&t, ids, N, NP, lg[one], V) == 0;
-        sliced[one] = ok ? gpu_test_sliced(t.c) : -1;
-        unsetenv("STRATA_GPU_NO_SLICES");
-        tg_gpu_close(&t);
-        if (!ok)
-            goto done;
-    }
-    double dmax = 0;
-    for (size_t i = (size_t)NP * V; i < (size_t)N * V; i++)
-        dmax = fmax(dmax, fabs((double)lg[0][i] - lg[1][i]));
-    printf("  %s: %d products a step in slices (%d with STRATA_GPU_NO_SLICES=1); %d decode steps, max |d logit| "
-           "against one launch each %g\n", label, sliced[0], sliced[1], N - NP, dmax);
-    CHECK(sliced[0] == want && sliced[1] == 0, "products in slices: %d (%d), want %d (0)", sliced[0], sliced[1], want);
-    CHECK(memcmp(lg[0] + (size_t)NP * V, lg[1] + (size_t)NP * V, sizeof(float) * (N - NP) * V) == 0,
-          "decode logits differ from one launch's (max |d| %g)", dmax);
-done:
-    free(lg[0]), free(lg[1]);
-    model_free(m);
-    remove(path);
-}
-
-static void tg_slices(void)
-{
-    if (!test_begin_gpu("gpu/slices x's products in column slices: decode bit for bit one launch's, GPU vs CPU "
-                        "teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
-        return;
-    /* down's rows in 3 slices (8448 columns), 2 layers: 2 a step */
-    char *a[] = {"n_embd=512", "n_ff=8448", "n_layer=2", "n_head=4", "n_head_kv=2", "head_dim=64", "n_vocab=2000"};
-    tg_slices_model("qwen3-synth-Q4_K n_ff=8448", a, 7, 2);
-    /* wo's rows in 2 slices (36 heads of 128), 3 layers: 3 a step */
-    char *b[] = {"n_embd=256", "n_ff=768", "n_layer=3", "n_head=36", "n_head_kv=4", "head_dim=128", "n_vocab=2000"};
-    tg_slices_model("qwen3-synth-Q4_K 36 heads of 128", b, 7, 3);
-}
-
 /* ---- timing (STRATA_GPU_BENCH=1) ---- */
 
 static double tg_now(void)
@@ -766,7 +700,6 @@ void test_gpu(void)
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
-    tg_slices();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
