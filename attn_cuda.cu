@@ -190,6 +190,7 @@ struct akm_args {
     int unit, T, H, qsa;
     const int32_t *pos0;
     const int64_t *sel_off;
+    int settled;   /* gpu_attn's */
 };
 
 /* Row o of the output from its S partials (one block per row): weights
@@ -224,12 +225,15 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31, S = m.S, TH = m.TH, E = m.E;
     const float *ml = m.ml, *acc = m.acc;
     float *out = m.out;
-    /* first: the stream's next kernel waits for this one alone, so this
-     * one returns only after ak_dec's grid is complete */
+    /* the position before the wait where it is no kernel's output
+     * (gpu_attn's settled); then the wait first of all else: the stream's
+     * next kernel waits for this one alone, so this one returns only after
+     * ak_dec's grid is complete */
+    int p0 = m.settled && !m.qsa ? *m.pos0 : 0;
     gpu_grid_wait();
     if (m.unit) {
         int t = o / m.H;
-        int n = m.qsa ? (int)(m.sel_off[t + 1] - m.sel_off[t]) : *m.pos0 + m.T;
+        int n = m.qsa ? (int)(m.sel_off[t + 1] - m.sel_off[t]) : (m.settled ? p0 : *m.pos0) + m.T;
         S = akd_live(n, m.S, m.unit);
         if (S == 1)
             return; /* ak_dec wrote the row */
@@ -1556,7 +1560,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, NULL, NULL};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, NULL, NULL, 0};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1768,7 +1772,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0,
-                  g->sel_off};
+                  g->sel_off, g->settled};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }

@@ -866,6 +866,9 @@ template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds)
 {
+    /* the norm's weights are no kernel's output: loaded before the wait */
+    int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
+    float4 g = MODE == GF_ACT_NORM && ok ? ((const float4 *)w)[i4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     gf_pdl_begin();
     size_t row = blockIdx.x;
     const float4 *xr = (const float4 *)(x + row * n);
@@ -881,13 +884,11 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
         scale = 1.0f / sqrtf((float)(s / n) + eps);
     }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
-    int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (ok) {
         float4 a = xr[i4];
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         if (MODE == GF_ACT_NORM) {
-            float4 g = ((const float4 *)w)[i4];
             float gw[4] = {g.x, g.y, g.z, g.w};
             for (int k = 0; k < 4; k++)
                 v[k] = __fmul_rn(__fmul_rn(v[k], scale), gw[k]);
