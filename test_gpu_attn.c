@@ -192,6 +192,23 @@ static void check_out_q(struct dcall *c, int path, const char *kname, const floa
     free(q), free(ds), free(again), free(ref);
 }
 
+/* Dense decode again without gpu_attn's settled (every load after the
+ * wait for the kernel ahead): the same bits as `out`, the run with it. */
+static void check_unsettled(struct dcall *c, const float *out)
+{
+    float *again = malloc(c->n_out * sizeof(float));
+    c->a.settled = 0;
+    if (again && dcall_get(c, PATH_DECODE, again)) {
+        size_t same = 0;
+        for (size_t i = 0; i < c->n_out; i++)
+            same += memcmp(&again[i], &out[i], sizeof(float)) == 0;
+        CHECK(same == c->n_out, "decode without settled: %zu of %zu values differ from the run with it",
+              c->n_out - same, c->n_out);
+    }
+    c->a.settled = 1;
+    free(again);
+}
+
 /* ---- statistics ---- */
 
 /* got against ref for the rows `want` marks (rows of HE values). */
@@ -297,6 +314,8 @@ static void run_config(const struct gcfg *cf, unsigned seed)
             int ok = dcall_get(&dc, path, gpu + base);
             if (ok && dec)
                 check_out_q(&dc, path, kname, gpu + base);
+            if (ok && path == PATH_DECODE)
+                check_unsettled(&dc, gpu + base);
             dcall_free(&dc);
             if (!ok)
                 break;
