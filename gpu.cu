@@ -1087,8 +1087,18 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     gpu_grid_launch_dependents();
     __shared__ float hv[1024], nwv[1024], co[512], si[512];
     int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, half = p.n_rot / 2;
+    float *x;
+    const float *b, *nw;
+    if (hd < p.H) {
+        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm;
+    } else if (hd < p.H + p.K) {
+        int h = hd - p.H;
+        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm;
+    } else {
+        int h = hd - p.H - p.K;
+        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
+    }
     int pg = p.kv.pages && hd >= p.H ? p.kv.page_table[cell / p.kv.P] : 0;
-    const float *nw = hd < p.H ? p.q_norm : hd < p.H + p.K ? p.k_norm : NULL;
     if (nw)
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             nwv[i] = nw[i];
@@ -1103,17 +1113,6 @@ __global__ void gf_qkv_kernel(gf_qkv p)
             co[i] = cosf(th), si[i] = sinf(th);
         }
     gpu_grid_wait();
-    float *x;
-    const float *b;
-    if (hd < p.H) {
-        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL;
-    } else if (hd < p.H + p.K) {
-        int h = hd - p.H;
-        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL;
-    } else {
-        int h = hd - p.H - p.K;
-        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL;
-    }
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
