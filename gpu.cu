@@ -401,13 +401,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* SwiGLU folded in (one-token decode, gf_mvk_kernel, two parts of equal
-     * rows: gate, up): each block owns whole blocks of GF_AB rows of both
-     * parts and writes group g's h = silu(gate)·up as the int8 blocks
-     * gf_act_kernel's SWIGLU would, at hq + g·rows (hds + g·rows/GF_AB) */
-    int8_t *hq;
-    gf_ads *hds;
-    int mvk_m;   /* gf_mvk_kernel's tiles a round (host: gf_mvk_launch) */
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -436,16 +429,36 @@ static __device__ __forceinline__ int gf_mv_part(const gf_mv &p, int r, int *rr)
     return pt;
 }
 
-/* y[g·y_g + t·y_t + rr] of part pt = s (+ bias) (+ the old y); returns it */
-static __device__ __forceinline__ float gf_mv_put(const gf_mv &p, int pt, int g, int t, int rr, float s)
+/* where row rr of part pt goes for group g, token t: y[g·y_g + t·y_t + rr] */
+static __device__ __forceinline__ float *gf_mv_at(const gf_mv &p, int pt, int g, int t, int rr)
 {
-    float *yp = p.y[pt] + (size_t)g * p.y_g[pt] + (size_t)t * p.y_t[pt] + rr;
+    return p.y[pt] + (size_t)g * p.y_g[pt] + (size_t)t * p.y_t[pt] + rr;
+}
+
+/* *yp = s (+ bias) (+ old: the y there, read before, when accumulating) */
+static __device__ __forceinline__ void gf_mv_store(const gf_mv &p, int pt, int rr, float *yp, float s, float old)
+{
     if (p.bias[pt])
         s = s + p.bias[pt][rr];
     if (p.accumulate)
-        s = s + *yp;
+        s = s + old;
     *yp = s;
-    return s;
+}
+
+static __device__ __forceinline__ void gf_mv_put(const gf_mv &p, int pt, int g, int t, int rr, float s)
+{
+    float *yp = gf_mv_at(p, pt, g, t, rr);
+    gf_mv_store(p, pt, rr, yp, s, p.accumulate ? *yp : 0.0f);
+}
+
+/* row r's y before the product, for gf_mv_store when accumulating (one-row
+ * groups; 0 otherwise and past the end) */
+static __device__ __forceinline__ float gf_mv_old(const gf_mv &p, int g, int r, int total)
+{
+    if (!p.accumulate || r >= total)
+        return 0.0f;
+    int rr, pt = gf_mv_part(p, r, &rr);
+    return *gf_mv_at(p, pt, g, 0, rr);
 }
 
 template <class Q, int NT>
@@ -624,10 +637,10 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     /* balanced chunks of the row, or of each expert's part of it */
     int nb = p.ne ? p.ne / Q::BLK : p.n / Q::BLK, cpe = (nb + S::CB - 1) / S::CB, cb = (nb + cpe - 1) / cpe;
     int nch = p.ne ? cpe * (p.n / p.ne) : cpe;
-    float acc[GF_MV1_R];
+    float acc[GF_MV1_R], yo[GF_MV1_R];   /* yo: the rows' old y, read now (gf_mvk_kernel's yo) */
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++)
-        acc[j] = 0.0f;
+        acc[j] = 0.0f, yo[j] = lane == 0 ? gf_mv_old(p, g, r0 + j, total) : 0.0f;
     int4 v[GF_MV1_R][S::NVL];
     gf_chunk ck = gf_mv1_chunk<Q>(p, g, 0, cb, cpe);
     gf_mv1_fetch<Q>(v, w, ck, lane);
@@ -669,7 +682,7 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     for (int j = 0; j < GF_MV1_R; j++) {
         float s = warp_sum(acc[j]);
         if (lane == 0 && r0 + j < total)
-            gf_mv_put(p, part[j], g, 0, rr[j], s);
+            gf_mv_store(p, part[j], rr[j], gf_mv_at(p, part[j], g, 0, rr[j]), s, yo[j]);
     }
 }
 
@@ -755,47 +768,14 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-/* The first of the MRT rows that round i of this block takes, -1 past the
- * end: tiles of MRT rows gridDim.x apart; with SwiGLU folded in, whole
- * groups gridDim.x apart, each GF_AB rows of gate then the same of up. */
-static __device__ __forceinline__ int gf_mvk_row0(const gf_mv &p, int i, int MRT, int total)
-{
-    if (!p.hq) {
-        long r = ((long)blockIdx.x + (long)i * gridDim.x) * MRT;
-        return r < total ? (int)r : -1;
-    }
-    int kpp = GF_AB / MRT, kpg = 2 * kpp, j = blockIdx.x + i / kpg * gridDim.x, k = i % kpg;
-    return j * GF_AB < p.end[0] ? (k < kpp ? 0 : p.end[0]) + j * GF_AB + k % kpp * MRT : -1;
-}
-
-/* Group g's h codes of row block j from the gate and up rows in gh (warp 0,
- * lane e holding element e): silu(gate)·up, then gq_q8_act as gf_act_kernel
- * (the same values, bit for bit). */
-static __device__ __forceinline__ void gf_mvk_swiglu(const gf_mv &p, const float (&gh)[2][GF_AB], int g, int j,
-                                                     int lane)
-{
-    int e = lane % GF_AB, F = p.end[0];
-    float gv = gh[0][e], v[1] = {__fmul_rn(gv / (1.0f + expf(-gv)), gh[1][e])};
-    int c[1];
-    gf_ads sc = gq_q8_act<1>(v, c);
-    if (lane < GF_AB) {
-        p.hq[(size_t)g * F + (size_t)j * GF_AB + lane] = (int8_t)c[0];
-        if (lane == 0)
-            p.hds[(size_t)g * (F / GF_AB) + j] = sc;
-    }
-}
-
 template <int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
-    __shared__ float gh[2][GF_AB];   /* SwiGLU folded in: the group's gate and up rows */
-    /* warp = ((m·S + slice)·GF_MVK_SUB + sub): tile m of the round's M, its column slice, its rows */
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y, M = p.mvk_m;
-    int S = blockDim.x / (M * GF_MVK_SUB * GPU_WARP), ms = warp / GF_MVK_SUB, slice = ms % S;
-    int sub = warp % GF_MVK_SUB, MRT = M * RT, wr = ms / S * RT + sub * R;
-    int U = p.n / 256 * 4, total = p.end[p.parts - 1];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
     bool ok[UL];
@@ -808,9 +788,9 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         uo[k] = (size_t)(ub[k] >> 2) * 144;
     }
     int4 wh[R][UL], wq[R][UL][2];
-    int r0 = gf_mvk_row0(p, 0, MRT, total);
-    if (!p.ids && r0 >= 0)   /* expert ids come from the kernel ahead: wait for them first */
-        gf_mvk_fetch<UL, R>(p, r0 + wr, total, uo, ub, wh, wq);
+    int tile = blockIdx.x;
+    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
@@ -820,8 +800,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         uw[k] = 1.0f;
         uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
     }
-    if (p.ids && r0 >= 0)
-        gf_mvk_fetch<UL, R>(p, r0 + wr, total, uo, ub, wh, wq);
+    if (p.ids && tile < tiles)
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -834,11 +814,20 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
         xs[k][0].x *= uw[k], xs[k][1].x *= uw[k];   /* the expert's weight rides on the activation's scale */
     }
-    for (int i = 0; r0 >= 0; i++) {
-        int rn = gf_mvk_row0(p, i + 1, MRT, total);
+    /* the old y of the rows a thread writes (accumulating), read a round
+     * ahead: its round trip overlaps a round's work rather than following
+     * the round's barrier on the writing warp, which the next barrier waits
+     * for */
+    int wt = threadIdx.x < RT;
+    float yo = wt && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         int4 nh[R][UL], nq[R][UL][2];
-        if (rn >= 0)
-            gf_mvk_fetch<UL, R>(p, rn + wr, total, uo, ub, nh, nq);
+        float yn = 0.0f;
+        if (tile + (int)gridDim.x < tiles) {
+            gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
+            if (wt)
+                yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
+        }
         float acc[R];
 #pragma unroll
         for (int j = 0; j < R; j++) {
@@ -852,33 +841,25 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         for (int j = 0; j < R; j++) {
             float sum = warp_sum(acc[j]);
             if (lane == 0)
-                part[i & 1][ms][sub * R + j] = sum;
+                part[round & 1][slice][sub * R + j] = sum;
         }
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        int kpp = GF_AB / MRT, k = i % (2 * kpp);   /* (SwiGLU folded in: the round's place in its group) */
-        if (threadIdx.x < MRT) {
-            int r = r0 + threadIdx.x, mm = threadIdx.x / RT, t = threadIdx.x % RT;
+        if (threadIdx.x < RT) {
+            int r = tile * RT + threadIdx.x;
             if (r < total) {
-                float sum = part[i & 1][mm * S][t];
-                for (int l = 1; l < S; l++)
-                    sum += part[i & 1][mm * S + l][t];
+                float sum = part[round & 1][0][threadIdx.x];
+                for (int i = 1; i < S; i++)
+                    sum += part[round & 1][i][threadIdx.x];
                 int rr, pt = gf_mv_part(p, r, &rr);
-                sum = gf_mv_put(p, pt, g, 0, rr, sum);
-                if (p.hq)
-                    gh[k / kpp][k % kpp * MRT + threadIdx.x] = sum;
+                gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), sum, yo);
             }
         }
-        if (p.hq && k == 2 * kpp - 1) {   /* the group's last round (the whole block): gh is complete */
-            __syncthreads();
-            if (warp == 0)
-                gf_mvk_swiglu(p, gh, g, (r0 - p.end[0]) / GF_AB, lane);
-        }
+        yo = yn;
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
-        r0 = rn;
     }
 }
 
@@ -1364,8 +1345,8 @@ struct gpu_ctx {
     int T, MU, max_cells, max_pages, gemm_ok;
     gpuStream_t stream;
     float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
-    int8_t *aq, *aq2;      /* the activation's int8 blocks, and a second buffer (gf_codes_swap) */
-    gf_ads *ads, *ads2;
+    int8_t *aq;
+    gf_ads *ads;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
     int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
     float *xs;             /* (T·U, D): the pairs' rows in that order */
@@ -1691,46 +1672,22 @@ static int gf_sms(void)
     return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
-/* Blocks of gf_mvk_kernel (any UL: the same registers) of w warps resident
- * on an SM, asked once per size; 0 if the query fails. */
 template <int UL>
-static int gf_mvk_resident(int w)
+static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    static int per_sm[GF_MVK_SMAX * GF_MVK_SUB + 1];
-    int b = 0;
-    if (!per_sm[w] && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, gf_mvk_kernel<UL>, w * GPU_WARP, 0) ==
-                          gpuSuccess && b > 0)
-        per_sm[w] = b;
-    return per_sm[w];
-}
-
-/* The grid is one wave of resident blocks (per group) walking the tiles.
- * SwiGLU folded in (p.hq) gives a block whole groups of 2·GF_AB rows: M
- * tiles a round (M·S ≤ GF_MVK_SMAX) where the fewest rounds in series
- * (waves of groups × rounds a group) come out. */
-template <int UL>
-static void gf_mvk_launch(const gf_mv &p0, int groups, int S, gpuStream_t s)
-{
-    gf_mv p = p0;
-    int rt = GF_MVK_SUB * (2 / UL), sms = gf_sms(), M = 1, units = 0, res = 0;
-    if (!p.hq) {
-        units = (p.end[p.parts - 1] + rt - 1) / rt;
-        res = sms * gf_mvk_resident<UL>(S * GF_MVK_SUB);
-    } else {
-        units = p.end[0] / GF_AB;
-        long best = -1;
-        for (int m = 1; m * S <= GF_MVK_SMAX; m *= 2) {   /* (a tie: the smaller blocks, fewer waves) */
-            int r = sms * gf_mvk_resident<UL>(m * S * GF_MVK_SUB);
-            long cost = r > 0 ? ((long)units * groups + r - 1) / r * (2 * GF_AB / (m * rt)) : -1;
-            if (cost > 0 && (best < 0 || cost < best))
-                best = cost, M = m, res = r;
-        }
-    }
-    p.mvk_m = M;
+    int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
+    int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
+    void (*k)(gf_mv) = gf_mvk_kernel<UL>;
+    /* the blocks of each size resident on an SM, asked once */
+    static int per_sm[GF_MVK_SMAX + 1];
+    int sms = gf_sms(), b = 0;
+    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess &&
+        b > 0)
+        per_sm[S] = b;
     /* (a failed query: one block a group; the launch's own error check reports a broken device) */
-    int blocks = res > 0 ? (res + groups - 1) / groups : 1;
-    dim3 grid(blocks < units ? blocks : units, groups);
-    gf_launch(gf_mvk_kernel<UL>, grid, M * S * GF_MVK_SUB * GPU_WARP, 0, s, p);
+    int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
+    dim3 grid(blocks < tiles ? blocks : tiles, groups);
+    gf_launch(k, grid, threads, 0, s, p);
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
@@ -1801,27 +1758,6 @@ static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, cons
     return 0;
 }
 
-/* Whether gate and up's one-token product writes SwiGLU's codes itself
- * (gf_mv's hq): both in one gf_mvk_kernel launch (one type, width, layout
- * and row count, whole blocks of GF_AB rows) and a down product that reads
- * codes, not f32 (STRATA_GPU_NO_FOLD=1: gf_act_kernel, for comparisons). */
-static int gf_swiglu_folds(const struct gf_mat *g, const struct gf_mat *u, const struct gf_mat *d, int T)
-{
-    int UL, S;
-    return T == 1 && g->type == u->type && g->n == u->n && g->ldw == u->ldw && g->stride == u->stride &&
-           g->rows == u->rows && g->rows % GF_AB == 0 && gf_mvk_takes(g->type, g->n, &UL, &S) &&
-           d->type != QT_F32 && d->type != QT_F16 && d->type != QT_BF16 && !gf_env("STRATA_GPU_NO_FOLD");
-}
-
-/* The second code buffer (what a folded product wrote) becomes the one the
- * next product reads. */
-static void gf_codes_swap(struct gpu_ctx *c)
-{
-    int8_t *q = c->aq;
-    gf_ads *d = c->ads;
-    c->aq = c->aq2, c->ads = c->ads2, c->aq2 = q, c->ads2 = d;
-}
-
 /* One output of gf_matmul: y (T, w->rows), row stride ldy, (+ bias). */
 struct gf_out {
     const struct gf_mat *w;
@@ -1833,10 +1769,9 @@ struct gf_out {
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
- * matrices of one type and width in one launch. swiglu: o is gate and up,
- * which gf_swiglu_folds said fold, and SwiGLU's codes go to c->aq2/ads2. */
+ * matrices of one type and width in one launch. */
 static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, const float *af, int T,
-                       int accumulate, int swiglu, char *err, size_t errlen)
+                       int accumulate, char *err, size_t errlen)
 {
     int done[GF_PARTS] = {0};
     for (int i = 0; i < n_out; i++) {
@@ -1879,8 +1814,6 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (swiglu)
-            p.hq = c->aq2, p.hds = c->ads2;
         if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
@@ -1891,15 +1824,14 @@ static int gf_matmul(struct gpu_ctx *c, const struct gf_mat *w, const float *af,
                      const float *bias, int accumulate, char *err, size_t errlen)
 {
     struct gf_out o = {w, y, ldy, bias};
-    return gf_matmul_n(c, &o, 1, af, T, accumulate, 0, err, errlen);
+    return gf_matmul_n(c, &o, 1, af, T, accumulate, err, errlen);
 }
 
 /* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
  * each stack w[k] by activation row i / a_div into y[k] + i*rows: the gate
- * and up stacks in one launch when they share type and shape (swiglu: as
- * gf_matmul_n's). */
+ * and up stacks in one launch when they share type and shape. */
 static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w,
-                             const float *af, int a_div, int n_groups, int swiglu, char *err, size_t errlen)
+                             const float *af, int a_div, int n_groups, char *err, size_t errlen)
 {
     for (int i = 0; i < n_w;) {
         gf_mv p;
@@ -1916,8 +1848,6 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (swiglu)
-            p.hq = c->aq2, p.hds = c->ads2;
         if (gf_mv_launch(w[i]->type, p, n_groups, 1, c->stream, err, errlen))
             return -1;
         i = j;
@@ -2024,7 +1954,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
                             {&ly->wv, c->v, (size_t)KE, NULL}};
     if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen) ||
-        (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, 0, err, errlen)))
+        (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_QKV);
     gf_qkv qp;
@@ -2049,17 +1979,12 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
-        int F = ly->gate.rows, fold = gf_swiglu_folds(&ly->gate, &ly->up, &ly->down, T);
+        int F = ly->gate.rows;
         struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
-        if (gf_matmul_n(c, gu, 2, c->xn, T, 0, fold, err, errlen))
-            return -1;
-        gf_mark(c, GF_ST_GATE_UP);
-        if (fold)
-            gf_codes_swap(c);
-        else if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen))
-            return -1;
-        gf_mark(c, GF_ST_SWIGLU);
-        int rc = gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen);
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+                 gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen) ||
+                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen)
+                     ? -1 : 0;
         gf_mark(c, GF_ST_DOWN);
         return rc;
     }
@@ -2075,19 +2000,14 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     float *gu_y[2] = {c->gt, c->up};
     int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
-        int fold = gf_swiglu_folds(gu[0], gu[1], dn, T);
-        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, fold, err, errlen))
-            return -1;
-        gf_mark(c, GF_ST_GATE_UP);
-        if (fold)
-            gf_codes_swap(c);
-        else if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
+        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+            gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         summed = rc == 0;
         if (rc > 0)
-            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, 0, err, errlen);
+            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
     }
     if (rc < 0)
         return -1;
@@ -2132,7 +2052,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
     if (c->graph_state == 1)
         gpuGraphExecDestroy(c->graph);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
-                    c->logits, c->aq, c->ads, c->aq2, c->ads2, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
+                    c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
                     c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -2233,8 +2153,6 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
              gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
-             gf_alloc((void **)&c->aq2, MU * maxn, err, errlen) ||
-             gf_alloc((void **)&c->ads2, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->io, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
