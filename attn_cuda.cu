@@ -201,6 +201,7 @@ struct akm_args {
  * partials a row at long contexts), each warp's sums then added in warp
  * order. */
 #define AK_MERGE_W 8 /* warps of an ak_merge block */
+#define AKM_NP 4     /* partials a warp loads at once */
 
 /* Output element i = y, also into the int8 blocks q / ds (gpu_quant.h's
  * encoder) when q is set: the calling warp holds one block of 32, element i
@@ -256,16 +257,27 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 #pragma unroll
     for (int k = 0; k < 16; k++)
         v[k] = 0.0f;
-#pragma unroll 4
-    for (int s = wp; s < S; s += AK_MERGE_W) {
-        float wt = wbuf[s];
-        const float *src = acc + ((size_t)s * TH + o) * E;
+    /* AKM_NP partials a warp in flight together (the last live one stands
+     * in past the end, read and not added); added in the order of s */
+    for (int s0 = wp; s0 < S; s0 += AKM_NP * AK_MERGE_W) {
+        float x[AKM_NP][16];
 #pragma unroll
-        for (int k = 0; k < 16; k++)
-            if (lane + 32 * k < E) {
-                float x = src[lane + 32 * k];
-                v[k] = fmaf(wt, wt != 0.0f ? x : 0.0f, v[k]);
-            }
+        for (int j = 0; j < AKM_NP; j++) {
+            const float *src = acc + ((size_t)min(s0 + j * AK_MERGE_W, S - 1) * TH + o) * E;
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                x[j][k] = lane + 32 * k < E ? src[lane + 32 * k] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < AKM_NP; j++) {
+            if (s0 + j * AK_MERGE_W >= S)
+                break;
+            float wt = wbuf[s0 + j * AK_MERGE_W];
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                if (lane + 32 * k < E)
+                    v[k] = fmaf(wt, wt != 0.0f ? x[j][k] : 0.0f, v[k]);
+        }
     }
 #pragma unroll
     for (int k = 0; k < 16; k++)

@@ -693,6 +693,7 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
  * not one per chunk. The block's sums meet in shared memory, warp by warp
  * in a fixed order. */
 #define GF_ROW_THREADS 256
+#define GF_ROW_NU 2   /* units a thread loads at once */
 
 template <class Q>
 __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
@@ -704,17 +705,31 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     const uint8_t *w = p.w[pt] + gf_group_off(p, g) + (size_t)rr * p.ldw;
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
-    for (int u = threadIdx.x; u < p.n / Q::BLK * Q::UNITS; u += GF_ROW_THREADS) {
-        int b = u / Q::UNITS;
-        float wt = 1.0f;
-        const uint8_t *wb = w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt) : (size_t)b * Q::BYTES);
-        Q q;
-        q.load(wb, u % Q::UNITS);
-        if constexpr (Q::FLOAT)
-            acc += wt * q.dotf(p.af + arow * p.n + (size_t)b * Q::BLK);
-        else
-            acc += wt * q.dot(p.aq + arow * p.n + (size_t)b * Q::BLK,
-                              p.ads + arow * (p.n / GF_AB) + (size_t)b * Q::BLK / GF_AB);
+    /* GF_ROW_NU units a thread in flight together (the last unit stands in
+     * past the end, computed and not added); added in the order of u */
+    int nu = p.n / Q::BLK * Q::UNITS;
+    for (int u0 = threadIdx.x; u0 < nu; u0 += GF_ROW_NU * GF_ROW_THREADS) {
+        Q q[GF_ROW_NU];
+        float wt[GF_ROW_NU];
+#pragma unroll
+        for (int k = 0; k < GF_ROW_NU; k++) {
+            int u = min(u0 + k * GF_ROW_THREADS, nu - 1), b = u / Q::UNITS;
+            wt[k] = 1.0f;
+            q[k].load(w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt[k]) : (size_t)b * Q::BYTES),
+                      u % Q::UNITS);
+        }
+#pragma unroll
+        for (int k = 0; k < GF_ROW_NU; k++) {
+            int u = min(u0 + k * GF_ROW_THREADS, nu - 1), b = u / Q::UNITS;
+            float d;
+            if constexpr (Q::FLOAT)
+                d = q[k].dotf(p.af + arow * p.n + (size_t)b * Q::BLK);
+            else
+                d = q[k].dot(p.aq + arow * p.n + (size_t)b * Q::BLK,
+                             p.ads + arow * (p.n / GF_AB) + (size_t)b * Q::BLK / GF_AB);
+            if (u0 + k * GF_ROW_THREADS < nu)
+                acc += wt[k] * d;
+        }
     }
     acc = warp_sum(acc);
     if (lane == 0)
@@ -893,6 +908,7 @@ static __device__ double gf_block_sum(double v)
  * a row is spread over blocks of GF_ACT_CHUNK elements (blockIdx.y). */
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
+#define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
@@ -907,10 +923,19 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
     float scale = 1.0f;
     if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
         double s = 0;
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-            float4 v = xr[i];
-            s += (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-                 (double)__fmul_rn(v.w, v.w);
+        /* a thread's loads go out together (GF_ACT_NV a pass: the whole row at 4096 wide), not one
+         * L2 round trip after the other; the squares are added in the same order either way */
+        for (int i0 = threadIdx.x; i0 < n / 4; i0 += GF_ACT_NV * blockDim.x) {
+            float4 v[GF_ACT_NV];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++) {
+                int i = i0 + k * blockDim.x;
+                v[k] = i < n / 4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                s += (double)__fmul_rn(v[k].x, v[k].x) + (double)__fmul_rn(v[k].y, v[k].y) +
+                     (double)__fmul_rn(v[k].z, v[k].z) + (double)__fmul_rn(v[k].w, v[k].w);
         }
         s = gf_block_sum(s);
         scale = 1.0f / sqrtf((float)(s / n) + eps);
@@ -1192,14 +1217,25 @@ __global__ void gf_route_kernel(float *router, int X, int U, int32_t *sel, float
     gf_pdl_begin();
     extern __shared__ float pr[];
     int t = blockIdx.x, lane = threadIdx.x;
-    float *x = router + (size_t)t * X;
+    const float *x = router + (size_t)t * X;
+    /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
+    for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
+        float v[GF_ACT_NV];
+#pragma unroll
+        for (int k = 0; k < GF_ACT_NV; k++)
+            v[k] = x[min(e0 + k * GPU_WARP, X - 1)];
+#pragma unroll
+        for (int k = 0; k < GF_ACT_NV; k++)
+            if (e0 + k * GPU_WARP < X)
+                pr[e0 + k * GPU_WARP] = v[k];
+    }
     float mx = -INFINITY;
-    for (int e = lane; e < X; e += GPU_WARP)
-        mx = fmaxf(mx, x[e]);
+    for (int e = lane; e < X; e += GPU_WARP)   /* (each lane reads back what it wrote) */
+        mx = fmaxf(mx, pr[e]);
     mx = warp_max(mx);
     double s = 0;
     for (int e = lane; e < X; e += GPU_WARP) {
-        pr[e] = expf(x[e] - mx);
+        pr[e] = expf(pr[e] - mx);
         s += (double)pr[e];
     }
     for (int m = GPU_WARP / 2; m > 0; m >>= 1)
