@@ -219,6 +219,21 @@ static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float
     }
 }
 
+/* Partials s0, s0 + AK_MERGE_W, ... (AKM_NP of them, the warp's loads in
+ * flight together) of row o into x, lane's elements; the last live one
+ * stands in past the end (read, not added). */
+static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][16], const float *acc, int s0, int S, int TH,
+                                                int o, int E, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < AKM_NP; j++) {
+        const float *src = acc + ((size_t)min(s0 + j * AK_MERGE_W, S - 1) * TH + o) * E;
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            x[j][k] = lane + 32 * k < E ? src[lane + 32 * k] : 0.0f;
+    }
+}
+
 __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 {
     __shared__ float mbuf[AK_SPLIT_MAX], lbuf[AK_SPLIT_MAX], wbuf[AK_SPLIT_MAX];
@@ -239,6 +254,9 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         if (S == 1)
             return; /* ak_dec wrote the row */
     }
+    /* the first AKM_NP partials of this warp, read with the maxima and sums below, not after them */
+    float x[AKM_NP][16];
+    akm_load(x, acc, wp, S, TH, o, E, lane);
     for (int s = tid; s < S; s += 32 * AK_MERGE_W) {
         mbuf[s] = ml[((size_t)s * TH + o) * 2];
         lbuf[s] = ml[((size_t)s * TH + o) * 2 + 1];
@@ -257,17 +275,10 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 #pragma unroll
     for (int k = 0; k < 16; k++)
         v[k] = 0.0f;
-    /* AKM_NP partials a warp in flight together (the last live one stands
-     * in past the end, read and not added); added in the order of s */
+    /* added in the order of s */
     for (int s0 = wp; s0 < S; s0 += AKM_NP * AK_MERGE_W) {
-        float x[AKM_NP][16];
-#pragma unroll
-        for (int j = 0; j < AKM_NP; j++) {
-            const float *src = acc + ((size_t)min(s0 + j * AK_MERGE_W, S - 1) * TH + o) * E;
-#pragma unroll
-            for (int k = 0; k < 16; k++)
-                x[j][k] = lane + 32 * k < E ? src[lane + 32 * k] : 0.0f;
-        }
+        if (s0 != wp)
+            akm_load(x, acc, s0, S, TH, o, E, lane);
 #pragma unroll
         for (int j = 0; j < AKM_NP; j++) {
             if (s0 + j * AK_MERGE_W >= S)
