@@ -615,7 +615,10 @@ static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_s
 template <class Q>
 __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p)
 {
-    gf_pdl_begin();
+    /* the weights are no kernel's output unless expert ids choose them:
+     * without ids the first chunk's loads go out before the wait */
+    if (p.ids)
+        gf_pdl_begin();
     typedef gf_mv1_shape<Q> S;
     __shared__ int4 sm[GF_MV1_WARPS][GF_MV1_R][S::NV];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -637,13 +640,15 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     /* balanced chunks of the row, or of each expert's part of it */
     int nb = p.ne ? p.ne / Q::BLK : p.n / Q::BLK, cpe = (nb + S::CB - 1) / S::CB, cb = (nb + cpe - 1) / cpe;
     int nch = p.ne ? cpe * (p.n / p.ne) : cpe;
+    int4 v[GF_MV1_R][S::NVL];
+    gf_chunk ck = gf_mv1_chunk<Q>(p, g, 0, cb, cpe);
+    gf_mv1_fetch<Q>(v, w, ck, lane);
+    if (!p.ids)
+        gf_pdl_begin();
     float acc[GF_MV1_R], yo[GF_MV1_R];   /* yo: the rows' old y, read now (gf_mvk_kernel's yo) */
 #pragma unroll
     for (int j = 0; j < GF_MV1_R; j++)
         acc[j] = 0.0f, yo[j] = lane == 0 ? gf_mv_old(p, g, r0 + j, total) : 0.0f;
-    int4 v[GF_MV1_R][S::NVL];
-    gf_chunk ck = gf_mv1_chunk<Q>(p, g, 0, cb, cpe);
-    gf_mv1_fetch<Q>(v, w, ck, lane);
     for (int k = 0; k < nch; k++) {
         int kb = ck.kb, nbk = ck.nbk;
         float wt = ck.wt;
@@ -695,29 +700,42 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
 #define GF_ROW_THREADS 256
 #define GF_ROW_NU 2   /* units a thread loads at once */
 
+/* Units u0, u0 + GF_ROW_THREADS, ... (GF_ROW_NU of them, loaded together)
+ * of row w into q, each expert's weight into wt; the last unit stands in
+ * past the end (computed, not added). */
+template <class Q>
+static __device__ __forceinline__ void gf_mvrow_load(const gf_mv &p, const uint8_t *w, int g, int u0, int nu,
+                                                     Q (&q)[GF_ROW_NU], float (&wt)[GF_ROW_NU])
+{
+#pragma unroll
+    for (int k = 0; k < GF_ROW_NU; k++) {
+        int u = min(u0 + k * GF_ROW_THREADS, nu - 1), b = u / Q::UNITS;
+        wt[k] = 1.0f;
+        q[k].load(w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt[k]) : (size_t)b * Q::BYTES),
+                  u % Q::UNITS);
+    }
+}
+
 template <class Q>
 __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 {
-    gf_pdl_begin();
     __shared__ float part[GF_ROW_THREADS / GPU_WARP];
     int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
-    int rr, pt = gf_mv_part(p, r, &rr);
+    int rr, pt = gf_mv_part(p, r, &rr), nu = p.n / Q::BLK * Q::UNITS;
+    Q q[GF_ROW_NU];
+    float wt[GF_ROW_NU];
+    /* the weights are no kernel's output, unless expert ids choose them:
+     * the first units' loads go out before the wait */
+    if (!p.ids)
+        gf_mvrow_load<Q>(p, p.w[pt] + (size_t)rr * p.ldw, g, threadIdx.x, nu, q, wt);
+    gf_pdl_begin();
     const uint8_t *w = p.w[pt] + gf_group_off(p, g) + (size_t)rr * p.ldw;
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
-    /* GF_ROW_NU units a thread in flight together (the last unit stands in
-     * past the end, computed and not added); added in the order of u */
-    int nu = p.n / Q::BLK * Q::UNITS;
+    /* added in the order of u */
     for (int u0 = threadIdx.x; u0 < nu; u0 += GF_ROW_NU * GF_ROW_THREADS) {
-        Q q[GF_ROW_NU];
-        float wt[GF_ROW_NU];
-#pragma unroll
-        for (int k = 0; k < GF_ROW_NU; k++) {
-            int u = min(u0 + k * GF_ROW_THREADS, nu - 1), b = u / Q::UNITS;
-            wt[k] = 1.0f;
-            q[k].load(w + (p.ne ? gf_expert_block(p, g, b, Q::BLK, Q::BYTES, &wt[k]) : (size_t)b * Q::BYTES),
-                      u % Q::UNITS);
-        }
+        if (p.ids || u0 != (int)threadIdx.x)
+            gf_mvrow_load<Q>(p, w, g, u0, nu, q, wt);
 #pragma unroll
         for (int k = 0; k < GF_ROW_NU; k++) {
             int u = min(u0 + k * GF_ROW_THREADS, nu - 1), b = u / Q::UNITS;
