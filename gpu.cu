@@ -820,16 +820,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         ub[k] = ok[k] ? u : 0;
         uo[k] = (size_t)(ub[k] >> 2) * 144;
     }
-    /* this round's rows (wh, wq) and the next round's (nh, nq): the first
-     * two rounds' loads go out before the wait */
-    int4 wh[R][UL], wq[R][UL][2], nh[R][UL], nq[R][UL][2];
-    int tile = blockIdx.x, next = tile + (int)gridDim.x;
-    if (!p.ids) {   /* expert ids come from the kernel ahead: wait for them first */
-        if (tile < tiles)
-            gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-        if (next < tiles)
-            gf_mvk_fetch<UL, R>(p, next * RT + sub * R, total, uo, ub, nh, nq);
-    }
+    int4 wh[R][UL], wq[R][UL][2];
+    int tile = blockIdx.x;
+    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
@@ -839,12 +833,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         uw[k] = 1.0f;
         uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
     }
-    if (p.ids) {
-        if (tile < tiles)
-            gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-        if (next < tiles)
-            gf_mvk_fetch<UL, R>(p, next * RT + sub * R, total, uo, ub, nh, nq);
-    }
+    if (p.ids && tile < tiles)
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -864,10 +854,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     int wt = threadIdx.x < RT;
     float yo = wt && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
+        int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
         if (tile + (int)gridDim.x < tiles) {
-            if (round > 0)   /* (round 0's next rows are on their way) */
-                gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
+            gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
             if (wt)
                 yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
         }
