@@ -1191,14 +1191,12 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
-    /* the cache's row is encoded from hv, in shared memory, not read back
-     * from x: a global read after the write is an L2 round trip (the int8
-     * encoder reads each element twice) on the way to the attention */
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             x[i] = hv[i];
+        __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, hv);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
         return;
     }
     if (nw) {
@@ -1215,15 +1213,15 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
-        x[i0] = hv[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
-        x[i1] = hv[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
+        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
+        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
     for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, hv);
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
     }
 }
 
