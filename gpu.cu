@@ -722,14 +722,15 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
     __shared__ float part[GF_ROW_THREADS / GPU_WARP];
     int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
     int rr, pt = gf_mv_part(p, r, &rr), nu = p.n / Q::BLK * Q::UNITS;
+    const uint8_t *w = p.w[pt] + (size_t)rr * p.ldw;
     Q q[GF_ROW_NU];
     float wt[GF_ROW_NU];
     /* the weights are no kernel's output, unless expert ids choose them:
      * the first units' loads go out before the wait */
     if (!p.ids)
-        gf_mvrow_load<Q>(p, p.w[pt] + (size_t)rr * p.ldw, g, threadIdx.x, nu, q, wt);
+        gf_mvrow_load<Q>(p, w, g, threadIdx.x, nu, q, wt);
     gf_pdl_begin();
-    const uint8_t *w = p.w[pt] + gf_group_off(p, g) + (size_t)rr * p.ldw;
+    w += gf_group_off(p, g);
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
     /* added in the order of u */
@@ -851,14 +852,14 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
      * ahead: its round trip overlaps a round's work rather than following
      * the round's barrier on the writing warp, which the next barrier waits
      * for */
-    int wt = threadIdx.x < RT;
-    float yo = wt && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    int writer = threadIdx.x < RT;
+    float yo = writer && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
         if (tile + (int)gridDim.x < tiles) {
             gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
-            if (wt)
+            if (writer)
                 yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
         }
         float acc[R];
