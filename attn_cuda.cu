@@ -1142,41 +1142,27 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             issue(pre);
     if (a.fq) {
         gh_rope_angles(co, si, p0, hq.n_rot / 2, hq.theta_scale, hq.freq_scale, hq.rope_freqs, lane, 32);
-        float wq[E / 32], wk[E / 32]; /* the loads in flight together */
-#pragma unroll
-        for (int k = 0; k < E / 32; k++) {
-            wq[k] = hq.q_norm ? hq.q_norm[lane + 32 * k] : 0.0f;
-            wk[k] = hq.k_norm ? hq.k_norm[lane + 32 * k] : 0.0f;
+        for (int i = lane; i < E; i += 32) {
+            if (hq.q_norm)
+                qn[i] = hq.q_norm[i];
+            if (hq.k_norm)
+                kn[i] = hq.k_norm[i];
         }
-#pragma unroll
-        for (int k = 0; k < E / 32; k++)
-            qn[lane + 32 * k] = wq[k], kn[lane + 32 * k] = wk[k];
     }
     if (early)
         gpu_grid_wait();
     if (a.fq) {
-        /* the heads (dense, T = 1, no biases) as gf_qkv_kernel forms them:
-         * the R query rows, and where this partition holds the new cell p0
-         * its K and V rows, encoded into the cell (for later steps) and into
-         * shared memory past the kernel's own (for this one's step that
-         * holds it). The warp's rows are loaded together first. */
-        constexpr int NE = E / 32, RW = (8 * NB + 2 + NW - 1) / NW;
+        /* the heads (dense, T = 1) as gf_qkv_kernel forms them: the R query
+         * rows, and where this partition holds the new cell p0 its K and V
+         * rows, encoded into the cell (for later steps) and into shared
+         * memory past the kernel's own (for this one's step that holds it) */
         int nrow = R + (e_lo <= p0 && p0 < e_hi ? 2 : 0);
-        float hv[RW][NE];
-#pragma unroll
-        for (int u = 0; u < RW; u++) {
-            int j = w + u * NW;
-            const float *src = j < R ? hq.q + (size_t)out_row(j) * E : (j == R ? hq.k : hq.v) + (size_t)h * E;
-            if (j < nrow)
-                gh_head_load(hv[u], src, NULL, E);
-        }
-#pragma unroll
-        for (int u = 0; u < RW; u++) {
-            int j = w + u * NW, isv = j > R;
-            if (j >= nrow)
-                break;
-            float *x = hrows + u * E;
-            gh_head_norm(x, hv[u], (j < R && hq.q_norm) ? qn : (j == R && hq.k_norm) ? kn : NULL, hq.eps, E);
+        for (int j = w; j < nrow; j += NW) {
+            float *x = hrows + (j / NW) * E;
+            int isk = j == R, isv = j > R, hd = j < R ? out_row(j) : h;
+            const float *src = j < R ? hq.q : isk ? hq.k : hq.v, *b = j < R ? hq.bq : isk ? hq.bk : hq.bv;
+            const float *nw = (j < R && hq.q_norm) ? qn : (isk && hq.k_norm) ? kn : NULL;
+            gh_head_norm(x, src + (size_t)hd * E, b ? b + (size_t)hd * E : NULL, nw, hq.eps, E);
             __syncwarp();
             gh_head_rope(x, co, si, isv ? 0 : hq.n_rot / 2, hq.neox);
             __syncwarp();
@@ -1988,8 +1974,7 @@ int gpu_attn_forms_qkv(const struct gpu_attn *a)
 {
     int arch = 0, sms = 0;
     char err[8];
-    const struct gpu_qkv *q = a->qkv;
-    if (!q || q->bq || q->bk || q->bv || a->T != 1 || !a->settled || a->sel || ak_env("STRATA_GPU_QKV_SPLIT") ||
+    if (!a->qkv || a->T != 1 || !a->settled || a->sel || ak_env("STRATA_GPU_QKV_SPLIT") ||
         ak_device(&arch, &sms, err, sizeof err))
         return 0;
     return ak_pick(a, AP_DECODE, arch)->kern == AK_DEC;

@@ -1092,8 +1092,6 @@ __global__ void gf_store_kernel(gf_store p)
 
 /* ==== Q/K/V: biases, per-head RMSNorm, RoPE (gpu_head.h) ==== */
 
-#define GF_HEAD_MAX 512 /* the largest head dim (gpu_model_new checks; attention takes no more) */
-
 /* one warp per (t, head of H+K+K): q heads, then k, then v */
 __global__ void gf_qkv_kernel(gpu_qkv p)
 {
@@ -1102,7 +1100,7 @@ __global__ void gf_qkv_kernel(gpu_qkv p)
      * and the norm's weights, so that their loads and the sines overlap the
      * kernel ahead instead of following it. */
     gpu_grid_launch_dependents();
-    __shared__ float hv[GF_HEAD_MAX], nwv[GF_HEAD_MAX], co[GF_HEAD_MAX / 2], si[GF_HEAD_MAX / 2];
+    __shared__ float hv[1024], nwv[1024], co[512], si[512];
     int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, lane = threadIdx.x;
     float *x;
     const float *b, *nw;
@@ -1122,10 +1120,8 @@ __global__ void gf_qkv_kernel(gpu_qkv p)
             nwv[i] = nw[i];
     gh_rope_angles(co, si, cell, half, p.theta_scale, p.freq_scale, p.rope_freqs, lane, 32);
     gpu_grid_wait();
-    float h[GF_HEAD_MAX / 32];
-    gh_head_load(h, x, b, E);
     __syncthreads();
-    gh_head_norm(hv, h, nw ? nwv : NULL, p.eps, E);
+    gh_head_norm(hv, x, b, nw ? nwv : NULL, p.eps, E);
     __syncthreads();
     gh_head_rope(hv, co, si, half, p.neox);
     __syncthreads();
@@ -1472,7 +1468,7 @@ int gpu_model_new(struct gpu_model **out, const struct model *m, char *err, size
     struct model_weights w;
     model_weights(m, &w);
     int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim, X = hp->n_expert;
-    if (hp->head_dim > GF_HEAD_MAX || hp->n_expert_used > 64 || hp->n_expert > 8192)
+    if (hp->head_dim > 1024 || hp->n_expert_used > 64 || hp->n_expert > 8192)
         return strata_errf(err, errlen, "model shape (head dim %d, %d of %d experts) not supported on the GPU",
                            hp->head_dim, hp->n_expert_used, hp->n_expert);
     if (gf_mat_check(&w.tok_embd, "token_embd", err, errlen) || gf_mat_check(&w.output, "output", err, errlen))

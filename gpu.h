@@ -96,8 +96,7 @@ int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t er
 int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 /* Whether gpu_attn_decode takes a->qkv for this call (a single-token dense
- * decode, without biases, on a kernel that forms the heads;
- * STRATA_GPU_QKV_SPLIT=1: never). */
+ * decode on a kernel that forms the heads; STRATA_GPU_QKV_SPLIT=1: never). */
 int gpu_attn_forms_qkv(const struct gpu_attn *a);
 /* The kernel the dispatch table picks for a call (for logs and tests). */
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);

@@ -7,11 +7,9 @@
  * compiled by nvcc and hipcc.
  *
  * Each function is called by the 32 lanes of one warp (lane = threadIdx.x
- * % 32); a row goes gh_head_load (registers) → gh_head_norm (into shared
- * memory) → gh_head_rope (in place) → gh_cell_row, and the caller
- * synchronises the warp between the last three (lanes write elements that
- * other lanes read). A warp's loads of several rows may all go out before
- * the first row's arithmetic.
+ * % 32), on rows the caller keeps in shared memory; between gh_head_norm
+ * and gh_head_rope, and before other lanes read the result, the caller
+ * synchronises the warp (lanes write elements that other lanes read).
  */
 #ifndef STRATA_GPU_HEAD_H
 #define STRATA_GPU_HEAD_H
@@ -38,44 +36,24 @@ static __device__ void gh_rope_angles(float *co, float *si, int pos, int half, f
     }
 }
 
-/* A head's row src + b (b NULL: none; E <= 32·NE) into h, lane's elements
- * lane, lane + 32, ...: the loads issued together, then the adds. */
-template <int NE>
-static __device__ __forceinline__ void gh_head_load(float (&h)[NE], const float *src, const float *b, int E)
+/* x (E) = src + b (b NULL: none), then with norm weights nw (NULL: none)
+ * the RMSNorm x·(1/sqrt(mean(x²) + eps))·nw, the squares summed in double. */
+static __device__ void gh_head_norm(float *x, const float *src, const float *b, const float *nw, float eps, int E)
 {
     int lane = threadIdx.x % 32;
-    float bv[NE];
-#pragma unroll
-    for (int k = 0; k < NE; k++) {
-        h[k] = lane + 32 * k < E ? src[lane + 32 * k] : 0.0f;
-        bv[k] = b && lane + 32 * k < E ? b[lane + 32 * k] : 0.0f;
+    double s = 0;
+    for (int i = lane; i < E; i += 32) {
+        float h = b ? src[i] + b[i] : src[i];
+        x[i] = h;
+        s += (double)__fmul_rn(h, h);
     }
-    if (b)
-#pragma unroll
-        for (int k = 0; k < NE; k++)
-            h[k] = h[k] + bv[k];
-}
-
-/* x (E) = h (gh_head_load's), with norm weights nw (NULL: none) its RMSNorm
- * h·(1/sqrt(mean(h²) + eps))·nw, the squares summed in double. */
-template <int NE>
-static __device__ __forceinline__ void gh_head_norm(float *x, const float (&h)[NE], const float *nw, float eps, int E)
-{
-    int lane = threadIdx.x % 32;
-    float scale = 1.0f;
-    if (nw) {
-        double s = 0;
-#pragma unroll
-        for (int k = 0; k < NE; k++)
-            s += (double)__fmul_rn(h[k], h[k]); /* 0 past E */
-        for (int m = 16; m > 0; m >>= 1)
-            s += gpu_shfl_xor(s, m);
-        scale = 1.0f / sqrtf((float)(s / E) + eps);
-    }
-#pragma unroll
-    for (int k = 0; k < NE; k++)
-        if (lane + 32 * k < E)
-            x[lane + 32 * k] = nw ? __fmul_rn(__fmul_rn(h[k], scale), nw[lane + 32 * k]) : h[k];
+    if (!nw)
+        return;
+    for (int m = 16; m > 0; m >>= 1)
+        s += gpu_shfl_xor(s, m);
+    float scale = 1.0f / sqrtf((float)(s / E) + eps);
+    for (int i = lane; i < E; i += 32)
+        x[i] = __fmul_rn(__fmul_rn(x[i], scale), nw[i]);
 }
 
 /* RoPE in place over x's first 2·half elements: pairs (i, i + half) (neox)
