@@ -61,7 +61,6 @@
 
 #include "gpu.h"
 #include "gpu_compat.h"
-#include "gpu_head.h"
 #include "gpu_quant.h"
 
 #define AK_BC 64        /* entries per online-softmax step (one kv.c page) */
@@ -102,9 +101,6 @@ struct ak_args {
     int tiles;       /* ak_mma: row tiles per kv head (dense) or per query (QSA) */
     int rt;          /* ak_mma: rows per tile (16 per computing warp) */
     int qsa;
-    int fq;          /* ak_dec: the heads formed from hq, the new cell stored (gpu_attn's qkv) */
-    int nkb;         /* ak_dec with fq: the new cell's K row's bytes in shared memory (16-aligned) */
-    gpu_qkv hq;
 };
 
 /* ==== cell rows ==== */
@@ -875,11 +871,6 @@ struct akd_shape {
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
     static constexpr int PLD = C + 8;
     static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;
-    /* with fq, a warp's scratch in its ring's last stage (floats): RoPE's
-     * angles, the two norms' weights, and its rows of the 8·NB query rows
-     * and the new cell's K and V */
-    static constexpr int FQ = 3 * E + (8 * NB + 2 + NW - 1) / NW * E;
-    static_assert(4 * FQ <= STAGE, "ak_dec: the heads' scratch exceeds a stage");
 };
 
 #ifdef AK_MMA_BODY
@@ -1129,50 +1120,11 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         m[nb][0] = m[nb][1] = -INFINITY;
         l[nb][0] = l[nb][1] = 0.0f;
     }
-    /* fq: warp v's scratch (SH::FQ floats) in the stage its ring fills
-     * last, which no copy touches before the loop (the early copies take
-     * at most NST - 1 stages): RoPE's angles, the norms' weights, then its
-     * rows (every NW-th of the query rows and the new cell's K and V) */
-    auto scratch = [&](int v) { return (float *)(ak_smem + ((size_t)v * NST + NST - 1) * SH::STAGE); };
-    const gpu_qkv &hq = a.hq;
-    float *co = scratch(w), *si = co + E / 2, *qn = co + E, *kn = qn + E, *hrows = kn + E;
     int pre = 0; /* steps copied before the wait: whole steps of old cells */
-    if (early)
+    if (early) {
         for (; pre < NST - 1 && pre < my && e_lo + (w + pre * NW) * C + C <= p0; pre++)
             issue(pre);
-    if (a.fq) {
-        gh_rope_angles(co, si, p0, hq.n_rot / 2, hq.theta_scale, hq.freq_scale, hq.rope_freqs, lane, 32);
-        for (int i = lane; i < E; i += 32) {
-            if (hq.q_norm)
-                qn[i] = hq.q_norm[i];
-            if (hq.k_norm)
-                kn[i] = hq.k_norm[i];
-        }
-    }
-    if (early)
         gpu_grid_wait();
-    if (a.fq) {
-        /* the heads (dense, T = 1) as gf_qkv_kernel forms them: the R query
-         * rows, and where this partition holds the new cell p0 its K and V
-         * rows, encoded into the cell (for later steps) and into shared
-         * memory past the kernel's own (for this one's step that holds it) */
-        int nrow = R + (e_lo <= p0 && p0 < e_hi ? 2 : 0);
-        for (int j = w; j < nrow; j += NW) {
-            float *x = hrows + (j / NW) * E;
-            int isk = j == R, isv = j > R, hd = j < R ? out_row(j) : h;
-            const float *src = j < R ? hq.q : isk ? hq.k : hq.v, *b = j < R ? hq.bq : isk ? hq.bk : hq.bv;
-            const float *nw = (j < R && hq.q_norm) ? qn : (isk && hq.k_norm) ? kn : NULL;
-            gh_head_norm(x, src + (size_t)hd * E, b ? b + (size_t)hd * E : NULL, nw, hq.eps, E);
-            __syncwarp();
-            gh_head_rope(x, co, si, isv ? 0 : hq.n_rot / 2, hq.neox);
-            __syncwarp();
-            if (j >= R) {
-                int fmt = isv ? hq.vrow : hq.krow;
-                gh_cell_row(ak_smem + SH::SMEM + isv * a.nkb, fmt, x, E);
-                gh_cell_row((uint8_t *)(isv ? ak_vrow(a, h, p0) : ak_krow(a, h, p0)), fmt, x, E);
-            }
-        }
-        __syncthreads();
     }
     /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
     uint32_t qh[NB][KT][2], ql[NB][KT][2];
@@ -1180,7 +1132,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
         int r = 8 * nb + g;
-        const float *src = r >= R ? NULL : a.fq ? scratch(r % NW) + 3 * E + r / NW * E : a.q + (size_t)out_row(r) * E;
+        const float *src = r < R ? a.q + (size_t)out_row(r) * E : NULL;
 #pragma unroll
         for (int ks = 0; ks < KT; ks++) {
             /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
@@ -1202,8 +1154,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         else
             akd_commit(); /* empty groups keep the count of wait_group right */
     }
-    if (a.fq)
-        __syncthreads(); /* every warp has its Q: the scratch's stages may fill */
     for (int i = 0; i < my; i++) {
         if (i + NST - 1 < my)
             issue(i + NST - 1);
@@ -1213,17 +1163,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         __syncwarp();
         const uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + C * KS;
         int c0 = e_lo + (w + i * NW) * C;
-        if (a.fq && c0 <= p0 && p0 < c0 + C) {
-            /* the new cell's rows as formed above: the copy may have read
-             * its page before the store */
-            uint8_t *st = ring + (i % NST) * SH::STAGE, *kd = st + (p0 - c0) * KS, *vd = st + C * KS + (p0 - c0) * VS;
-            const uint8_t *ns = ak_smem + SH::SMEM;
-            for (int b = 4 * lane; b < (int)a.kbytes; b += 128)
-                *(uint32_t *)(kd + b) = *(const uint32_t *)(ns + b);
-            for (int b = 4 * lane; b < (int)a.vbytes; b += 128)
-                *(uint32_t *)(vd + b) = *(const uint32_t *)(ns + a.nkb + b);
-            __syncwarp();
-        }
 
         /* Sᵀ = K·Qᵀ: m-tile mc's rows cells 16mc + g and + 8, columns
          * query rows 2t4, 2t4+1 */
@@ -1637,11 +1576,6 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
     a.plen = INT_MAX;
     a.qsa = qsa;
     a.settled = g->settled;
-    if (g->qkv) {
-        a.fq = 1;
-        a.hq = *g->qkv;
-        a.nkb = (int)ak_round64(a.kbytes);
-    }
     return a;
 }
 
@@ -1826,8 +1760,6 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         akd_pick<ROW_I8>(a.E, nb, cf.nst, cf.c, &fn, &smem, &nw, &cs);
     else
         akd_pick<ROW_F16>(a.E, nb, cf.nst, cf.c, &fn, &smem, &nw, &cs);
-    if (a.fq) /* the new cell's rows */
-        smem += a.nkb + (int)ak_round64(a.vbytes);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
             errlen);
     /* 59-150 KB a block: ask for the largest shared-memory carveout, so
@@ -1907,9 +1839,6 @@ static int ak_check(const struct gpu_attn *g, int path, char *err, size_t errlen
         return strata_errf(err, errlen, "gpu attention: QSA without a cell selection");
     if ((path & (AP_DECODE | AP_QSA_DECODE)) && !g->scratch)
         return strata_errf(err, errlen, "gpu attention: split-KV decode without scratch");
-    if (g->qkv && (path != AP_DECODE || !gpu_attn_forms_qkv(g)))
-        return strata_errf(err, errlen, "gpu attention: q/k/v to form, on a call or kernel that does not "
-                           "(gpu_attn_forms_qkv)");
     return 0;
 }
 
@@ -1968,16 +1897,6 @@ int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
 {
     return ak_run(a, 1, 1, stream, err, errlen);
-}
-
-int gpu_attn_forms_qkv(const struct gpu_attn *a)
-{
-    int arch = 0, sms = 0;
-    char err[8];
-    if (!a->qkv || a->T != 1 || !a->settled || a->sel || ak_env("STRATA_GPU_QKV_SPLIT") ||
-        ak_device(&arch, &sms, err, sizeof err))
-        return 0;
-    return ak_pick(a, AP_DECODE, arch)->kern == AK_DEC;
 }
 
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa)

@@ -19,7 +19,6 @@
  */
 #include "gpu.h"
 #include "gpu_compat.h"
-#include "gpu_head.h"
 #include "gpu_quant.h"
 
 #include <math.h>
@@ -53,6 +52,7 @@ static __device__ __forceinline__ void gf_pdl_begin()
 }
 
 static __device__ __forceinline__ float gf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ uint16_t gf_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 static __device__ __forceinline__ uint16_t gf_ld16(const uint8_t *p) { return *(const uint16_t *)p; }
 /* 4 bytes at a 2-aligned address (the blocks of 18, 22, 34, 210 bytes) */
 static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
@@ -1055,15 +1055,16 @@ __global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, c
 
 /* ==== KV rows into the page cells (gpu_kv_store) ==== */
 
-/* gpu_head.h's row formats of a cell format's K and V rows */
+enum { GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4 };
+
 static int gf_krow(int cell)
 {
-    static const int k[KV_CELL_COUNT] = {GH_ROW_F32, GH_ROW_F16, GH_ROW_I8, GH_ROW_Q4, GH_ROW_I8};
+    static const int k[KV_CELL_COUNT] = {GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4, GF_ROW_I8};
     return k[cell];
 }
 static int gf_vrow(int cell)
 {
-    static const int v[KV_CELL_COUNT] = {GH_ROW_F32, GH_ROW_F16, GH_ROW_I8, GH_ROW_Q4, GH_ROW_Q4};
+    static const int v[KV_CELL_COUNT] = {GF_ROW_F32, GF_ROW_F16, GF_ROW_I8, GF_ROW_Q4, GF_ROW_Q4};
     return v[cell];
 }
 
@@ -1074,11 +1075,61 @@ struct gf_store {
     const float *k, *v;
 };
 
-/* Where the K (isv 0) or V row of cell c (in page pg) of kv head h lies. */
-static __device__ uint8_t *gf_cell_row(const struct gpu_kv &kv, int layer, int c, int pg, int h, int isv)
+/* One row x (E) of cell c (in page pg), kv head h, K or V, into its page
+ * slot in the format fmt, by the 32 lanes of one warp: kv.c's encoders, the
+ * same bits. */
+static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt, int c, int pg, int h, int isv,
+                                    const float *x)
 {
-    uint8_t *blk = kv.pages + (size_t)pg * kv.page_bytes + ((size_t)layer * kv.K + h) * kv.P * (kv.kbytes + kv.vbytes);
-    return isv ? blk + (size_t)kv.P * kv.kbytes + (size_t)(c % kv.P) * kv.vbytes : blk + (size_t)(c % kv.P) * kv.kbytes;
+    int lane = threadIdx.x % 32, E = kv.E, P = kv.P;
+    uint8_t *blk = kv.pages + (size_t)pg * kv.page_bytes +
+                   ((size_t)layer * kv.K + h) * P * (kv.kbytes + kv.vbytes);
+    uint8_t *dst = isv ? blk + (size_t)P * kv.kbytes + (size_t)(c % P) * kv.vbytes : blk + (size_t)(c % P) * kv.kbytes;
+    if (fmt == GF_ROW_F32) {
+        for (int i = lane; i < E; i += 32)
+            ((float *)dst)[i] = x[i];
+    } else if (fmt == GF_ROW_F16) {
+        for (int i = lane; i < E; i += 32)
+            ((uint16_t *)dst)[i] = gf_f2h(x[i]);
+    } else if (fmt == GF_ROW_I8) {
+        float amax = 0.0f;
+        for (int i = lane; i < E; i += 32)
+            amax = fmaxf(amax, fabsf(x[i]));
+        for (int m = 16; m > 0; m >>= 1)
+            amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+        float d = amax / 127.0f, id = d > 0.0f ? 127.0f / amax : 0.0f;
+        if (lane == 0)
+            memcpy(dst, &d, 4);
+        for (int i = lane; i < E; i += 32) {
+            float r = rintf(__fmul_rn(x[i], id));
+            dst[4 + i] = (uint8_t)(int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+        }
+    } else {
+        /* Q4_0 (quant.c's q4_0_from_f32): d = the signed extreme / -8 (its
+         * first occurrence), codes trunc(x/d + 8.5) capped at 15 */
+        for (int b = 0; b < E / 32; b++) {
+            float v = x[32 * b + lane], amax = fabsf(v);
+            for (int m = 16; m > 0; m >>= 1)
+                amax = fmaxf(amax, gpu_shfl_xor(amax, m));
+            int first = fabsf(v) == amax ? lane : 32;
+            for (int m = 16; m > 0; m >>= 1)
+                first = min(first, gpu_shfl_xor(first, m));
+            float bv = gpu_shfl(v, first < 32 ? first : 0);
+            float d = bv / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int qv = (int)__fadd_rn(__fmul_rn(v, id), 8.5f);
+            qv = qv < 15 ? qv : 15;
+            /* byte j (< 16) of the codes: element j low, element j + 16 high;
+             * the 18-byte block goes out as 9 halfwords (a 2-byte memcpy of
+             * the scale lost its low byte on sm_90) */
+            int byte = qv | gpu_shfl_xor(qv, 16) << 4;
+            int lo = gpu_shfl(byte, (2 * lane + 30) & 31), hi = gpu_shfl(byte, (2 * lane + 31) & 31);
+            uint16_t *o = (uint16_t *)(dst + 18 * b);
+            if (lane == 0)
+                o[0] = gf_f2h(d);
+            else if (lane < 9)
+                o[lane] = (uint16_t)(lo | hi << 8);
+        }
+    }
 }
 
 /* one warp per (cell t, kv head, K or V) */
@@ -1086,14 +1137,24 @@ __global__ void gf_store_kernel(gf_store p)
 {
     gf_pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z, c = *p.pos0 + t;
-    gh_cell_row(gf_cell_row(p.kv, p.layer, c, p.kv.page_table[c / p.kv.P], h, isv), isv ? p.vrow : p.krow,
-                (isv ? p.v : p.k) + ((size_t)t * p.kv.K + h) * p.kv.E, p.kv.E);
+    gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, c, p.kv.page_table[c / p.kv.P], h, isv,
+                 (isv ? p.v : p.k) + ((size_t)t * p.kv.K + h) * p.kv.E);
 }
 
-/* ==== Q/K/V: biases, per-head RMSNorm, RoPE (gpu_head.h) ==== */
+/* ==== Q/K/V: biases, per-head RMSNorm, RoPE ==== */
 
-/* one warp per (t, head of H+K+K): q heads, then k, then v */
-__global__ void gf_qkv_kernel(gpu_qkv p)
+struct gf_qkv {
+    float *q, *k, *v;               /* (T, H*E), (T, K*E), (T, K*E) */
+    const float *bq, *bk, *bv, *q_norm, *k_norm, *rope_freqs;
+    int H, K, E, n_rot, neox;
+    float eps, theta_scale, freq_scale;
+    const int32_t *pos0;
+    struct gpu_kv kv;              /* K and V rows go to their cells (kv.pages NULL: not) */
+    int layer, krow, vrow;
+};
+
+/* block (t, head of H+K+K): q heads, then k, then v */
+__global__ void gf_qkv_kernel(gf_qkv p)
 {
     /* First what no kernel ahead writes (gpu_eval copied the position and
      * the page table before the pass): the cell, its page, RoPE's angles
@@ -1101,7 +1162,7 @@ __global__ void gf_qkv_kernel(gpu_qkv p)
      * kernel ahead instead of following it. */
     gpu_grid_launch_dependents();
     __shared__ float hv[1024], nwv[1024], co[512], si[512];
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, lane = threadIdx.x;
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, half = p.n_rot / 2;
     float *x;
     const float *b, *nw;
     if (hd < p.H) {
@@ -1114,22 +1175,54 @@ __global__ void gf_qkv_kernel(gpu_qkv p)
         x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
     }
     int pg = p.kv.pages && hd >= p.H ? p.kv.page_table[cell / p.kv.P] : 0;
-    int half = hd < p.H + p.K ? p.n_rot / 2 : 0;
     if (nw)
-        for (int i = lane; i < E; i += 32)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
             nwv[i] = nw[i];
-    gh_rope_angles(co, si, cell, half, p.theta_scale, p.freq_scale, p.rope_freqs, lane, 32);
+    if (hd < p.H + p.K)
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            /* θ as the CPU forms it: position, times theta_scale i times in f32 */
+            float theta = (float)cell;
+            for (int j = 0; j < i; j++)
+                theta = __fmul_rn(theta, p.theta_scale);
+            float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
+            th = __fmul_rn(p.freq_scale, th);
+            co[i] = cosf(th), si[i] = sinf(th);
+        }
     gpu_grid_wait();
+    for (int i = threadIdx.x; i < E; i += blockDim.x)
+        hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
-    gh_head_norm(hv, x, b, nw ? nwv : NULL, p.eps, E);
-    __syncthreads();
-    gh_head_rope(hv, co, si, half, p.neox);
-    __syncthreads();
-    for (int i = lane; i < E; i += 32)
+    if (hd >= p.H + p.K) {
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            x[i] = hv[i];
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
+        return;
+    }
+    if (nw) {
+        double s = 0;
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            s += (double)__fmul_rn(hv[i], hv[i]);
+        s = gf_block_sum(s);
+        float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
+        float a = hv[i0], c = hv[i1];
+        /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
+        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
+        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
+    }
+    for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
-    if (p.kv.pages && hd >= p.H) {
-        int isv = hd >= p.H + p.K;
-        gh_cell_row(gf_cell_row(p.kv, p.layer, cell, pg, hd - p.H - isv * p.K, isv), isv ? p.vrow : p.krow, hv, E);
+    if (hd >= p.H) {
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
     }
 }
 
@@ -1846,33 +1939,21 @@ static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
     d->page_table = c->io + c->T + 1;
 }
 
-/* Attention over the layer's cells, its heads formed and its K and V cells
- * stored first (gf_qkv_kernel) unless the decode kernel does both itself
- * (gpu_attn_forms_qkv). Returns gpu_attn_decode's 1 where the output's int8
- * blocks were written too. */
-static int gf_attention(struct gpu_ctx *c, int il, int T, const struct gpu_qkv *qp, char *err, size_t errlen)
+static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
     const struct model_hp *hp = &c->g->hp;
     struct gpu_attn a;
     memset(&a, 0, sizeof a);
-    a.kv = qp->kv;
-    a.layer = il, a.q = c->q, a.out = c->ao, a.H = hp->n_head, a.T = T, a.pos0 = qp->pos0;
+    gf_kv_desc(c, &a.kv);
+    a.layer = il, a.q = c->q, a.out = c->ao, a.H = hp->n_head, a.T = T, a.pos0 = c->io + c->T;
     a.max_cells = c->max_cells, a.scale = 1.0f / sqrtf((float)hp->head_dim), a.scratch = c->attn_scratch;
-    if (T <= GF_DECODE_T) {
-        a.out_q = c->aq, a.out_ds = (float *)c->ads;
-        /* gpu_eval copies pos0 and the page table before the step, and every
-         * cell before pos0 came from an earlier gpu_eval, which synchronised */
-        a.settled = 1;
-        a.qkv = qp;
-        if (!gpu_attn_forms_qkv(&a))
-            a.qkv = NULL;
-    }
-    if (!a.qkv) {
-        gf_launch(gf_qkv_kernel, dim3(T, qp->H + 2 * qp->K), 32, 0, c->stream, *qp);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
-    gf_mark(c, GF_ST_ROPE_STORE);
-    return T > GF_DECODE_T ? gpu_attn_prompt(&a, c->stream, err, errlen) : gpu_attn_decode(&a, c->stream, err, errlen);
+    if (T > GF_DECODE_T)
+        return gpu_attn_prompt(&a, c->stream, err, errlen);
+    a.out_q = c->aq, a.out_ds = (float *)c->ads;
+    /* gpu_eval copies pos0 and the page table before the step, and every
+     * cell before pos0 came from an earlier gpu_eval, which synchronised */
+    a.settled = 1;
+    return gpu_attn_decode(&a, c->stream, err, errlen);
 }
 
 /* A prompt's experts as matrix products: the (token, expert) pairs sorted
@@ -1931,16 +2012,20 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_QKV);
-    struct gpu_qkv qp;
+    gf_qkv qp;
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL, qp.rope_freqs = c->g->rope_freqs;
     qp.H = H, qp.K = K, qp.E = E, qp.n_rot = hp->n_rot, qp.neox = hp->rope_neox;
     qp.eps = hp->rms_eps, qp.theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
     qp.freq_scale = c->g->freq_scale, qp.pos0 = c->io + c->T;
-    /* the K and V rows go to their cells from the kernel that forms them (gpu_head.h's encoder) */
+    /* the K and V rows go to their cells from the same kernel (gpu_kv_store's encoder) */
     gf_kv_desc(c, &qp.kv);
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    int quantised = gf_attention(c, il, T, &qp, err, errlen);   /* 1: the output's int8 blocks written too */
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
+    GF_LAUNCH_CHECK(err, errlen);
+    gf_mark(c, GF_ST_ROPE_STORE);
+
+    int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
@@ -2062,7 +2147,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
         return strata_errf(err, errlen, "out of memory");
     struct kv_layout lo;
     kv_layout(kv, &lo);
-    if ((gf_krow(cfg->cell) == GH_ROW_Q4 || gf_vrow(cfg->cell) == GH_ROW_Q4) && hp->head_dim % 32) {
+    if ((gf_krow(cfg->cell) == GF_ROW_Q4 || gf_vrow(cfg->cell) == GF_ROW_Q4) && hp->head_dim % 32) {
         free(c);
         return strata_errf(err, errlen, "GPU context: head dim %d does not fit %s cells", hp->head_dim,
                            kv_cell_name(cfg->cell));
@@ -2214,7 +2299,7 @@ int gpu_kv_store(const struct gpu_kv *kv, int layer, const int32_t *pos0, int T,
     if (kv->cell < 0 || kv->cell >= KV_CELL_COUNT || layer < 0 || layer >= kv->L || T <= 0)
         return strata_errf(err, errlen, "gpu_kv_store: bad call (cell %d, layer %d, %d rows)", kv->cell, layer, T);
     int kr = gf_krow(kv->cell), vr = gf_vrow(kv->cell);
-    if ((kr == GH_ROW_Q4 || vr == GH_ROW_Q4) && kv->E % 32)
+    if ((kr == GF_ROW_Q4 || vr == GF_ROW_Q4) && kv->E % 32)
         return strata_errf(err, errlen, "gpu_kv_store: head dim %d does not fit Q4 cells", kv->E);
     gf_store p;
     p.kv = *kv, p.layer = layer, p.krow = kr, p.vrow = vr, p.pos0 = pos0, p.k = k, p.v = v;

@@ -54,27 +54,6 @@ struct gpu_attn {
      * reaches it (copies, or kernels the stream completed before a copy):
      * the kernel may read them before the kernel ahead of it finishes */
     int settled;
-    /* decode, optional (gpu_attn_forms_qkv): q is qkv->q as the product
-     * wrote it, and the call forms the heads and stores the step's K and V
-     * cells itself, as gf_qkv_kernel would have before it */
-    const struct gpu_qkv *qkv;
-};
-
-/* A step's q, k and v as the q/k/v product wrote them, and how each head
- * becomes what attention reads (gpu_head.h): biases (NULL: none), the
- * per-head RMSNorm (q_norm, k_norm; NULL: none), RoPE over the first n_rot
- * elements (neox: pairs (i, i + n_rot/2), else (2i, 2i+1); θ = position ·
- * theta_scale^i / rope_freqs[i] (NULL: 1) · freq_scale), and K and V rows
- * into their cells in the formats krow, vrow (gpu_head.h's GH_ROW_*;
- * kv.pages NULL: not stored). Query t (of T) is at cell *pos0 + t. */
-struct gpu_qkv {
-    float *q, *k, *v;               /* dev: (T, H*E), (T, K*E), (T, K*E) */
-    const float *bq, *bk, *bv, *q_norm, *k_norm, *rope_freqs; /* dev */
-    int H, K, E, n_rot, neox;
-    float eps, theta_scale, freq_scale;
-    const int32_t *pos0;            /* dev */
-    struct gpu_kv kv;
-    int layer, krow, vrow;
 };
 
 /* Device scratch one call needs at most, for H query heads, T queries,
@@ -95,9 +74,6 @@ int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t er
 /* QSA: the same over each query's selected cells. */
 int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
-/* Whether gpu_attn_decode takes a->qkv for this call (a single-token dense
- * decode on a kernel that forms the heads; STRATA_GPU_QKV_SPLIT=1: never). */
-int gpu_attn_forms_qkv(const struct gpu_attn *a);
 /* The kernel the dispatch table picks for a call (for logs and tests). */
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
 /* attn_cuda.cu, for test_gpu_attn.c (device memory: gpu_test_alloc below):

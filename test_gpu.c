@@ -477,75 +477,6 @@ static void tg_testdata(const char *file)
     tg_random_model(label, path, 48);
 }
 
-/* Decode attention that forms the heads and stores the new cell itself
- * (gpu_attn_forms_qkv) against gf_qkv_kernel ahead of it
- * (STRATA_GPU_QKV_SPLIT=1): one arithmetic (gpu_head.h), so the decode
- * logits must be equal bit for bit, and with them every cell the steps
- * stored and read back; a model with per-head norms and NEOX RoPE (qwen3)
- * and one with neither (llama), f16 and int8 cells. */
-static void tg_heads(void)
-{
-    if (!test_begin_gpu("gpu/heads decode attention forms the heads and stores the cell: logits equal "
-                        "gf_qkv_kernel's bit for bit (f16, int8 cells)"))
-        return;
-    /* and head dim 128 with 4 query heads a kv head, as the Qwen3-8B's */
-    const char *files[] = {"tiny-qwen3-Q4_K_M.gguf", "tiny-llama-spm-Q8_0.gguf", "/tmp/strata-test-gpu-heads.gguf"};
-    char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", "n_layer=2", "--set", "n_head=8",
-                    "--set", "n_head_kv=2", "--set", "head_dim=128", "--set", "n_ff=1024", "--set", "n_vocab=2000",
-                    "--type", "Q4_K", "-o", (char *)files[2]};
-    static const int cells[] = {KV_CELL_F16, KV_CELL_INT8};
-    enum { N = 64, NP = 8 };
-    int formed_any = 0;
-    char err[256];
-    if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
-        return;
-    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-        char path[512];
-        struct model *m = NULL;
-        if (f < 2 ? !test_data(files[f], path, sizeof path) : snprintf(path, sizeof path, "%s", files[f]) < 0)
-            break;
-        if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
-            break;
-        const struct model_hp *hp = model_hp(m);
-        int V = hp->n_vocab;
-        int32_t ids[N];
-        unsigned seed = 11;
-        for (int i = 0; i < N; i++)
-            ids[i] = (int32_t)(test_rand(&seed) % (unsigned)(V < 5000 ? V : 5000));
-        float *lg[2] = {malloc(sizeof(float) * N * V), malloc(sizeof(float) * N * V)};
-        for (size_t c = 0; c < sizeof cells / sizeof *cells; c++) {
-            struct gpu_qkv q = {0};
-            struct gpu_attn a = {.kv = {.cell = cells[c], .K = hp->n_head_kv, .E = hp->head_dim}, .H = hp->n_head,
-                                 .T = 1, .settled = 1, .qkv = &q};
-            int formed = gpu_attn_forms_qkv(&a), ok = 1;
-            formed_any |= formed;
-            for (int split = 0; split < 2 && ok; split++) {
-                struct tg_gpu t;
-                if (split)
-                    setenv("STRATA_GPU_QKV_SPLIT", "1", 1);
-                ok = tg_gpu_open(&t, m, cells[c], 512, 16) == 0 && tg_gpu_run(&t, ids, N, NP, lg[split], V) == 0;
-                unsetenv("STRATA_GPU_QKV_SPLIT");
-                tg_gpu_close(&t);
-            }
-            if (!ok)
-                break;
-            long diff = 0;
-            double dmax = 0;
-            for (size_t i = (size_t)NP * V; i < (size_t)N * V; i++)
-                if (memcmp(&lg[0][i], &lg[1][i], sizeof(float)) != 0)
-                    diff++, dmax = fmax(dmax, fabs((double)lg[0][i] - lg[1][i]));
-            printf("  %s, %s cells: heads formed in attention %s; %ld of %d decode logits differ (max |d| %g)\n",
-                   files[f], kv_cell_name(cells[c]), formed ? "yes" : "no (this device)", diff, (N - NP) * V, dmax);
-            CHECK(diff == 0, "%s, %s cells: %ld logits differ", files[f], kv_cell_name(cells[c]), diff);
-        }
-        free(lg[0]), free(lg[1]);
-        model_free(m);
-    }
-    remove(files[2]);
-    if (!formed_any)
-        test_skip("no decode kernel on this device forms the heads");
-}
-
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
  * n_embd wide: the decode step's experts side by side take the Q4_K kernel
  * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
@@ -768,7 +699,6 @@ void test_gpu(void)
     tg_demo();
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
-    tg_heads();
     tg_moe();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
