@@ -1802,10 +1802,32 @@ static int gf_pdl_ok(void)
 }
 #endif
 
+/* EXPERIMENT (run 4): STRATA_GPU_CARVEOUT=1 asks every kernel for the
+ * largest shared-memory carveout, so that neighbours on an SM need not
+ * change the L1/shared split between them */
+static void gf_carveout(const void *k)
+{
+    static const void *done[256];
+    static int n, on = -1;
+    if (on < 0) {
+        const char *v = getenv("STRATA_GPU_CARVEOUT");
+        on = v && *v == '1';
+    }
+    if (!on)
+        return;
+    for (int i = 0; i < n; i++)
+        if (done[i] == k)
+            return;
+    if (n < 256)
+        done[n++] = k;
+    (void)cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+}
+
 template <typename... P, typename... A>
 static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
 {
 #ifdef GPU_CUDA
+    gf_carveout((const void *)k);
     (void)gpu_launch(k, grid, block, smem, s, gf_pdl_ok(), args...);   /* an error shows in gpuGetLastError */
 #else
     (void)gpu_launch(k, grid, block, smem, s, 0, args...);
