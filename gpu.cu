@@ -401,7 +401,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    int pre;   /* gf_mvk_kernel: rounds copied into shared memory before the wait (0 with ids) */
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -782,47 +781,11 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
-/* 16 bytes global → shared without registers, asynchronously (sm_80+;
- * elsewhere a plain copy, and the launcher asks for no rounds ahead), and
- * the wait until at most n of the thread's committed groups are pending */
-static __device__ __forceinline__ void gf_cp16(int4 *dst, const int4 *src)
-{
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src) : "memory");
-#else
-    *dst = *src;
-#endif
-}
-
-static __device__ __forceinline__ void gf_cp_commit()
-{
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-static __device__ __forceinline__ void gf_cp_wait(int n)
-{
-#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (n >= 2)
-        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-    else if (n == 1)
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#else
-    (void)n;
-#endif
-}
-
-/* The R rows from r0 (the last row past the end), each unit k at byte
- * uo[k] of its row (its superblock's; ub[k] & 3 the pair in it): piece(j,
- * k, i, address) for its three 16-byte pieces, the header (i = 0) and the
- * two of codes. */
-template <int UL, int R, class F>
-static __device__ __forceinline__ void gf_mvk_rows(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
-                                                   const int (&ub)[UL], F piece)
+/* the R rows from r0 (the last row past the end), each unit k at byte uo[k]
+ * of its row (its superblock's; ub[k] & 3 the pair in it) */
+template <int UL, int R>
+static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
+                                                    const int (&ub)[UL], int4 (&h)[R][UL], int4 (&q)[R][UL][2])
 {
 #pragma unroll
     for (int j = 0; j < R; j++) {
@@ -832,48 +795,11 @@ static __device__ __forceinline__ void gf_mvk_rows(const gf_mv &p, int r0, int t
 #pragma unroll
         for (int k = 0; k < UL; k++) {
             const int4 *b = (const int4 *)(w + uo[k]);
-            piece(j, k, 0, b);
-            piece(j, k, 1, b + 1 + 2 * (ub[k] & 3));
-            piece(j, k, 2, b + 2 + 2 * (ub[k] & 3));
+            h[j][k] = gf_ld_stream(b);
+            q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
+            q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
         }
     }
-}
-
-/* the R rows' pieces into registers */
-template <int UL, int R>
-static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
-                                                    const int (&ub)[UL], int4 (&h)[R][UL], int4 (&q)[R][UL][2])
-{
-    gf_mvk_rows<UL, R>(p, r0, total, uo, ub, [&](int j, int k, int i, const int4 *a) {
-        if (i == 0)
-            h[j][k] = gf_ld_stream(a);
-        else
-            q[j][k][i - 1] = gf_ld_stream(a);
-    });
-}
-
-/* A round's pieces of a lane in shared memory: piece (j·UL + k)·3 + i at
- * st[32·piece] (st: the lane's first; lanes side by side, no bank
- * conflicts). */
-template <int UL, int R>
-static __device__ __forceinline__ void gf_mvk_stage(const gf_mv &p, int r0, int total, const size_t (&uo)[UL],
-                                                    const int (&ub)[UL], int4 *st)
-{
-    gf_mvk_rows<UL, R>(p, r0, total, uo, ub,
-                       [&](int j, int k, int i, const int4 *a) { gf_cp16(st + 32 * ((j * UL + k) * 3 + i), a); });
-}
-
-template <int UL, int R>
-static __device__ __forceinline__ void gf_mvk_unstage(const int4 *st, int4 (&h)[R][UL], int4 (&q)[R][UL][2])
-{
-#pragma unroll
-    for (int j = 0; j < R; j++)
-#pragma unroll
-        for (int k = 0; k < UL; k++) {
-            h[j][k] = st[32 * ((j * UL + k) * 3)];
-            q[j][k][0] = st[32 * ((j * UL + k) * 3 + 1)];
-            q[j][k][1] = st[32 * ((j * UL + k) * 3 + 2)];
-        }
 }
 
 template <int UL>
@@ -897,21 +823,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
     int4 wh[R][UL], wq[R][UL][2];
     int tile = blockIdx.x;
-    /* rounds 1..pre of the warp's pieces, copied into shared memory before
-     * the wait too (a group each), so that more than one round's bytes
-     * stream while the kernels ahead finish; the loop reads them back */
-    extern __shared__ int4 gf_mvk_smem[];
-    int4 *st = gf_mvk_smem + (size_t)warp * p.pre * 3 * R * UL * GPU_WARP + lane;
-    if (!p.ids && tile < tiles) {   /* expert ids come from the kernel ahead: wait for them first */
+    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-        for (int i = 1; i <= p.pre; i++) {
-            if (tile + i * (int)gridDim.x < tiles)
-                gf_mvk_stage<UL, R>(p, (tile + i * gridDim.x) * RT + sub * R, total, uo, ub,
-                                    st + (size_t)(i - 1) * 3 * R * UL * GPU_WARP);
-            gf_cp_commit();
-        }
-    }
-    int pre = p.ids ? 0 : p.pre;
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
@@ -945,12 +858,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
         if (tile + (int)gridDim.x < tiles) {
-            if (round < pre) {   /* the next round is in shared memory */
-                gf_cp_wait(pre - 1 - round);
-                gf_mvk_unstage<UL, R>(st + (size_t)round * 3 * R * UL * GPU_WARP, nh, nq);
-            } else {
-                gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
-            }
+            gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
             if (writer)
                 yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
         }
@@ -1802,32 +1710,10 @@ static int gf_pdl_ok(void)
 }
 #endif
 
-/* EXPERIMENT (run 4): STRATA_GPU_CARVEOUT=1 asks every kernel for the
- * largest shared-memory carveout, so that neighbours on an SM need not
- * change the L1/shared split between them */
-static void gf_carveout(const void *k)
-{
-    static const void *done[256];
-    static int n, on = -1;
-    if (on < 0) {
-        const char *v = getenv("STRATA_GPU_CARVEOUT");
-        on = v && *v == '1';
-    }
-    if (!on)
-        return;
-    for (int i = 0; i < n; i++)
-        if (done[i] == k)
-            return;
-    if (n < 256)
-        done[n++] = k;
-    (void)cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-}
-
 template <typename... P, typename... A>
 static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
 {
 #ifdef GPU_CUDA
-    gf_carveout((const void *)k);
     (void)gpu_launch(k, grid, block, smem, s, gf_pdl_ok(), args...);   /* an error shows in gpuGetLastError */
 #else
     (void)gpu_launch(k, grid, block, smem, s, 0, args...);
@@ -1841,47 +1727,22 @@ static int gf_sms(void)
     return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
-/* Rounds of gf_mvk_kernel's pieces copied into shared memory before its
- * wait (after the one in registers): GF_MVK_PRE, or STRATA_GPU_MVK_PRE=0..3;
- * none below sm_80 (no cp.async) and under HIP. */
-#define GF_MVK_PRE 2
-static int gf_mvk_pre(void)
-{
-    static int pre = -1;
-    if (pre < 0) {
-        int arch = 0, sms = 0;
-        const char *v = getenv("STRATA_GPU_MVK_PRE");
-        pre = v && *v >= '0' && *v <= '3' && !v[1] ? *v - '0' : GF_MVK_PRE;
-#ifdef GPU_CUDA
-        if (gpu_device_facts(&arch, &sms) != gpuSuccess || arch < 80)
-            pre = 0;
-#else
-        pre = 0;
-#endif
-    }
-    return pre;
-}
-
 template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
     void (*k)(gf_mv) = gf_mvk_kernel<UL>;
-    gf_mv q = p;
-    q.pre = p.ids ? 0 : gf_mvk_pre();
-    /* a round is 3·R·UL = 6 pieces of 16 bytes a lane */
-    int smem = threads * gf_mvk_pre() * 6 * 16;
     /* the blocks of each size resident on an SM, asked once */
     static int per_sm[GF_MVK_SMAX + 1];
     int sms = gf_sms(), b = 0;
-    if (!per_sm[S] && sms > 0 && gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess &&
-        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess && b > 0)
+    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess &&
+        b > 0)
         per_sm[S] = b;
     /* (a failed query: one block a group; the launch's own error check reports a broken device) */
     int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
     dim3 grid(blocks < tiles ? blocks : tiles, groups);
-    gf_launch(k, grid, threads, smem, s, q);
+    gf_launch(k, grid, threads, 0, s, p);
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
