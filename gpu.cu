@@ -401,27 +401,7 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* ids were written before the kernel ahead of the kernel ahead began
-     * (the router's top-k, two launches back, with an expert product
-     * between, which lets its dependents launch only after its wait:
-     * gf_mv_begin): gf_mvk_kernel may read them, and its first round of
-     * weights, before its own wait */
-    int ids_early;
 };
-
-/* The start of a matrix-vector kernel: the next kernel's launch, then the
- * wait (gf_pdl_begin); with expert ids the other way round, so that a
- * kernel two launches behind may read the ids before its wait (ids_early:
- * its launch follows this one's wait, which follows the ids' writer). */
-static __device__ __forceinline__ void gf_mv_begin(const gf_mv &p)
-{
-    if (p.ids) {
-        gpu_grid_wait();
-        gpu_grid_launch_dependents();
-    } else {
-        gf_pdl_begin();
-    }
-}
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
  * row lies at the returned byte offset from its row's start in w[0] (in
@@ -506,7 +486,7 @@ static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, in
 template <class Q, int NT, int R>
 __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 {
-    gf_mv_begin(p);
+    gf_pdl_begin();
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int r0 = (blockIdx.x * GF_MV_WARPS + warp) * R, total = p.end[p.parts - 1];
     if (r0 >= total)
@@ -638,7 +618,7 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
     /* the weights are no kernel's output unless expert ids choose them:
      * without ids the first chunk's loads go out before the wait */
     if (p.ids)
-        gf_mv_begin(p);
+        gf_pdl_begin();
     typedef gf_mv1_shape<Q> S;
     __shared__ int4 sm[GF_MV1_WARPS][GF_MV1_R][S::NV];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -749,7 +729,7 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
      * the first units' loads go out before the wait */
     if (!p.ids)
         gf_mvrow_load<Q>(p, w, g, threadIdx.x, nu, q, wt);
-    gf_mv_begin(p);
+    gf_pdl_begin();
     w += gf_group_off(p, g);
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float acc = 0.0f;
@@ -843,31 +823,19 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
     int4 wh[R][UL], wq[R][UL][2];
     int tile = blockIdx.x;
-    /* the units' offsets in the experts' matrices and weights (1 but side
-     * by side); the first round's loads before the wait where the weights
-     * are known: no ids, or ids_early */
-    float uw[UL];
-    auto experts = [&] {
-        size_t eo = gf_group_off(p, g);
-#pragma unroll
-        for (int k = 0; k < UL; k++) {
-            uw[k] = 1.0f;
-            uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
-        }
-    };
-    bool early = !p.ids || p.ids_early;
-    if (early) {
-        experts();
-        if (tile < tiles)
-            gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-    }
-    gf_mv_begin(p);
+    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
+    gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
-    if (!early) {
-        experts();
-        if (tile < tiles)
-            gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
+    float uw[UL];   /* the units' expert weights (1 but side by side) */
+    size_t eo = gf_group_off(p, g);
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        uw[k] = 1.0f;
+        uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
     }
+    if (p.ids && tile < tiles)
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -1956,8 +1924,6 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
     p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
     p.aq = c->aq, p.ads = c->ads, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
-    /* sel: gf_route_kernel, ahead of the gate/up experts' launch and SwiGLU */
-    p.ids_early = 1;
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
