@@ -36,7 +36,7 @@ static const char usage[] =
     "  tokenize   -m MODEL (-p TEXT | -f FILE) [--no-bos] [--no-special] [--json]\n"
     "  perplexity -m MODEL -f FILE [-c N] [--json]\n"
     "  info       -m MODEL [-c N] [--kv F]\n"
-    "  bench      -m MODEL [-p N] [-n N] [-r REPS] [-d DEPTH] [--prefix N] [--split S]\n"
+    "  bench      -m MODEL [-p N] [-n N] [-r REPS] [-d DEPTH] [--prefix N] [--split S] [--batch B]\n"
     "  synth      --arch A | --shape S [--set K=V] [--type T] [--vocab F] -o F\n"
     "  serve      -m MODEL [--port P] [--host H] [--parallel N] ... (strata serve --help)\n"
     "  help       this text\n"
@@ -63,7 +63,8 @@ static const char usage[] =
     "-d DEPTH cells before them (on the CPU random K/V rows, written straight into\n"
     "the pages); --prefix N times a prompt of N shared + -p new tokens evaluated\n"
     "twice (the second shares the cached pages); --split S decode attention\n"
-    "partitions (0: automatic).\n";
+    "partitions (0: automatic); --batch B also -n decode steps of B sequences\n"
+    "together (each at DEPTH cells, sharing its pages), tokens/s of all B.\n";
 
 /* ==== errors and small helpers ==== */
 
@@ -135,7 +136,7 @@ enum { O_STR, O_INT, O_FLOAT, O_U64, O_FLAG, O_KV, O_DEV };
 struct opts {
     const char *model, *prompt, *file;
     int threads, n_ctx, kv, kv_mem, chunk, device;
-    int n_predict, n_prompt, reps, depth, prefix, split;
+    int n_predict, n_prompt, reps, depth, prefix, split, batch;
     int logprobs, no_special, no_bos, json, have_seed, f32ref;
     struct sample_params sp;
 };
@@ -165,6 +166,7 @@ static const struct flag flags[] = {
     { "-d", "--depth", O_INT, OFF(depth), C_BENCH, 0, 1 << 24 },
     { "--prefix", NULL, O_INT, OFF(prefix), C_BENCH, 0, 1 << 24 },
     { "--split", NULL, O_INT, OFF(split), C_BENCH, 0, ATTN_MAX_SPLIT },
+    { "--batch", NULL, O_INT, OFF(batch), C_BENCH, 1, 64 },
     { "--temp", NULL, O_FLOAT, OFF(sp.temp), C_GEN, 0, 0 },
     { "--top-k", NULL, O_INT, OFF(sp.top_k), C_GEN, -1, 1 << 24 },
     { "--top-p", NULL, O_FLOAT, OFF(sp.top_p), C_GEN, 0, 0 },
@@ -233,6 +235,7 @@ static int parse_opts(int argc, char **argv, unsigned cmd, const char *cmd_name,
     o->n_predict = 128;
     o->n_prompt = 512;
     o->reps = 3;
+    o->batch = 1;
     o->sp = (struct sample_params){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                                     .repeat_penalty = 1.0f, .repeat_last_n = 64 };
     for (int i = 0; i < argc; i++) {
@@ -364,6 +367,7 @@ static int open_ctx(const struct opts *o, struct model *m, int n_ctx, struct poo
     mo.prefill_chunk = o->chunk;
     mo.device = o->device;
     mo.attn_split = o->split;
+    mo.n_seq = o->batch > 1 ? o->batch : mo.n_seq;
     mo.f32ref = o->f32ref;
     if (model_ctx_new(c, m, &mo, *pool, err, sizeof err) != 0) {
         pool_free(*pool);
@@ -984,13 +988,15 @@ static int cmd_bench(struct opts *o)
     struct model *m = NULL;
     struct pool *pool = NULL;
     struct model_ctx *c = NULL;
-    int32_t *fill = NULL, *toks = NULL, *pa = NULL, *pb = NULL;
-    float *logits = NULL;
-    double *pp = NULL, *tg = NULL, *cold = NULL, *warm = NULL;
+    int32_t *fill = NULL, *toks = NULL, *pa = NULL, *pb = NULL, *bt = NULL;
+    int *seqs = NULL;
+    float *logits = NULL, *lb = NULL;
+    double *pp = NULL, *tg = NULL, *cold = NULL, *warm = NULL, *tgb = NULL;
     if (load_model(o, &m, 0))
         return 1;
     const struct model_hp *hp = model_hp(m);
     int V = hp->n_vocab, np = o->n_prompt, ng = o->n_predict, reps = o->reps, d = o->depth, nx = o->prefix;
+    int B = ng > 0 ? o->batch : 1;
     if (np + ng + nx < 1) {
         fail("bench: nothing to measure (-p 0 -n 0)");
         goto done;
@@ -1048,6 +1054,42 @@ static int cmd_bench(struct opts *o)
         reused = model_last_reused(c);
         fprintf(stderr, "rep %d: prefix cold %.1f ms, warm %.1f ms (%d reused)\n", r + 1, cold[r], warm[r], reused);
     }
+    /* --batch: B sequences of the depth's cells (forks of sequence 0: its
+     * pages shared), -n steps of all B together */
+    if (B > 1) {
+        char err[512];
+        struct kv *kv = model_kv(c);
+        seqs = malloc((size_t)B * sizeof *seqs);
+        bt = malloc((size_t)B * sizeof *bt);
+        lb = malloc((size_t)B * V * sizeof *lb);
+        tgb = calloc((size_t)reps, sizeof *tgb);
+        if (!seqs || !bt || !lb || !tgb) {
+            fail("out of memory");
+            goto done;
+        }
+        kv_truncate(kv, 0, kv_seq_len(kv, 0) - d);
+        seqs[0] = 0;
+        for (int b = 1; b < B; b++)
+            if ((seqs[b] = kv_seq_fork(kv, 0, err, sizeof err)) < 0) {
+                fail("bench --batch: %s", err);
+                goto done;
+            }
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_ms();
+            for (int i = 0; i < ng; i++) {
+                for (int b = 0; b < B; b++)
+                    bt[b] = toks[(np + i + b) % (np + ng + 1)];
+                if (model_decode_batch(c, seqs, bt, B, lb, err, sizeof err) != 0) {
+                    fail("bench --batch: %s", err);
+                    goto done;
+                }
+            }
+            tgb[r] = (double)B * ng / ((now_ms() - t0) / 1e3);
+            for (int b = 0; b < B; b++)
+                kv_truncate(kv, seqs[b], ng);
+            fprintf(stderr, "rep %d: decode of %d sequences %.1f tok/s\n", r + 1, B, tgb[r]);
+        }
+    }
     /* the bound: the device's bandwidth (a copy on the GPU, a read loop on
      * the CPU) over the bytes a decode step reads */
     int gpu = model_ctx_device(c) == MODEL_DEV_GPU;
@@ -1077,6 +1119,13 @@ static int cmd_bench(struct opts *o)
         printf("%-14s %-8d %12.2f\n", "prompt", np, median(pp, reps));
     if (ng > 0)
         printf("%-14s %-8d %12.2f\n", "decode", ng, tg_med);
+    char bname[32];
+    snprintf(bname, sizeof bname, "decode x%d", B);
+    /* a step of B reads the weights once and each sequence's own cells */
+    double kv_b = (d + (ng - 1) / 2.0 + 1) * cell_reads, bound_b = bw > 0 && dec > 0 ? B * bw / (dec + B * kv_b) : 0;
+    if (B > 1)
+        printf("%-14s %-8d %12.2f (%d sequences, all their tokens; bound %.2f, %.1f%%)\n", bname, ng,
+               median(tgb, reps), B, bound_b, bound_b > 0 ? 100 * median(tgb, reps) / bound_b : 0);
     if (nx > 0) {
         printf("%-14s %-8d %12.2f ms (all evaluated)\n", "prefix cold", nx + np, median(cold, reps));
         printf("%-14s %-8d %12.2f ms (%d from the prefix cache)\n", "prefix warm", nx + np, median(warm, reps),
@@ -1104,6 +1153,10 @@ done:
     free(tg);
     free(cold);
     free(warm);
+    free(seqs);
+    free(bt);
+    free(lb);
+    free(tgb);
     model_ctx_free(c);
     pool_free(pool);
     model_free(m);

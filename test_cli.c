@@ -10,7 +10,7 @@
  * perplexity against the golden mean NLL (0.2%), every --json stdout
  * parsed as exactly one JSON value by json.c, and the KV options (--kv
  * formats and their bytes per cell, --kv-mem, --prefill-chunk, --device,
- * bench's depth and prefix reuse, q4 refused for a head dim of 16).
+ * bench's depth, prefix reuse and batch, q4 refused for a head dim of 16).
  */
 #include "strata.h"
 #include "test.h"
@@ -530,8 +530,15 @@ static void case_kv(void)
           strstr(r.out, "prefix cold    144") && strstr(r.out, "(128 from the prefix cache)"), "bench: %s %s",
           r.out, r.err);
     run_free(&r);
+    /* three sequences of the depth's cells decoding together */
+    r = run_cli((const char *[]){ "bench", "-m", model, "-p", "8", "-n", "4", "-r", "1", "-d", "40", "--batch", "3",
+                                  NULL });
+    CHECK(r.status == 0 && strstr(r.out, "decode x3      4") && strstr(r.out, "(3 sequences"), "bench --batch: %s %s",
+          r.out, r.err);
+    run_free(&r);
     expect_error((const char *[]){ "generate", "-m", model, "-p", "x", "--device", "tpu", NULL }, "--device");
     expect_error((const char *[]){ "bench", "-m", model, "--split", "99", NULL }, "--split");
+    expect_error((const char *[]){ "bench", "-m", model, "--batch", "0", NULL }, "--batch");
     if (strcmp(gpu_backend(), "none") == 0)
         expect_error((const char *[]){ "generate", "-m", model, "-p", "x", "--device", "cuda", NULL },
                      "without a GPU backend");
