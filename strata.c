@@ -1043,17 +1043,6 @@ static int cmd_bench(struct opts *o)
         tg[r] = ng > 0 ? ng / (ms / 1e3) : 0;
         fprintf(stderr, "rep %d: prompt %.1f tok/s, decode %.1f tok/s\n", r + 1, pp[r], tg[r]);
     }
-    /* after the others: these prompts start at position 0, dropping the depth */
-    for (int r = 0; r < reps && nx > 0; r++) {
-        bench_tokens(pa, nx + np, V, 0xD1B54A32D192ED03ull + (uint64_t)r);
-        memcpy(pb, pa, (size_t)nx * sizeof *pb);
-        bench_tokens(pb + nx, np, V, 0x8CB92BA72F3D8DD7ull + (uint64_t)r);
-        if ((cold[r] = bench_eval(c, pa, nx + np, 0, logits)) < 0 ||
-            (warm[r] = bench_eval(c, pb, nx + np, 0, logits)) < 0)
-            goto done;
-        reused = model_last_reused(c);
-        fprintf(stderr, "rep %d: prefix cold %.1f ms, warm %.1f ms (%d reused)\n", r + 1, cold[r], warm[r], reused);
-    }
     /* --batch: B sequences of the depth's cells (forks of sequence 0: its
      * pages shared), -n steps of all B together */
     if (B > 1) {
@@ -1089,6 +1078,19 @@ static int cmd_bench(struct opts *o)
                 kv_truncate(kv, seqs[b], ng);
             fprintf(stderr, "rep %d: decode of %d sequences %.1f tok/s\n", r + 1, B, tgb[r]);
         }
+        for (int b = 1; b < B; b++)
+            kv_seq_free(kv, seqs[b]);
+    }
+    /* after the others: these prompts start at position 0, dropping the depth */
+    for (int r = 0; r < reps && nx > 0; r++) {
+        bench_tokens(pa, nx + np, V, 0xD1B54A32D192ED03ull + (uint64_t)r);
+        memcpy(pb, pa, (size_t)nx * sizeof *pb);
+        bench_tokens(pb + nx, np, V, 0x8CB92BA72F3D8DD7ull + (uint64_t)r);
+        if ((cold[r] = bench_eval(c, pa, nx + np, 0, logits)) < 0 ||
+            (warm[r] = bench_eval(c, pb, nx + np, 0, logits)) < 0)
+            goto done;
+        reused = model_last_reused(c);
+        fprintf(stderr, "rep %d: prefix cold %.1f ms, warm %.1f ms (%d reused)\n", r + 1, cold[r], warm[r], reused);
     }
     /* the bound: the device's bandwidth (a copy on the GPU, a read loop on
      * the CPU) over the bytes a decode step reads */
