@@ -17,7 +17,8 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
-# Q4_K decode kernels alone), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8
+# Q4_K decode kernels alone), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B
+# Q4_K shape)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -64,6 +65,17 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
+batch() { # several sequences decoding together (bench --batch), the 8B Q4_K shape at 512 cells
+    local m=$T/batch.gguf
+    $S synth --shape qwen3-8b --type q4_k -o "$m" >/dev/null || return
+    echo "== batch: qwen3-8b q4_k, tg128 of B sequences together at 512 cells each"
+    for b in 2 4 8 16; do
+        echo "-- --batch $b"
+        $S bench -m "$m" --device gpu -p 0 -n 128 -d 512 -r 3 -c 1024 --batch $b 2>/dev/null | grep -E '^decode '
+    done
+    rm -f "$m"
+}
+
 sweep() { # tg128 and a prompt (chunk 2048) of a model per setting in SWEEP
     local m=$T/sweep.gguf shape=${SWEEP_SHAPE:-qwen3-8b} p=${SWEEP_P:-4096}
     local args=${SWEEP_ARGS:-"-p $p -n 128 -r 5 -c $((p + 256)) --prefill-chunk 2048"}
@@ -94,6 +106,7 @@ for step in "$@"; do
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
+    batch) batch ;;
     sweep) sweep ;;
     *) echo "gpu-bench.sh: unknown step $step" >&2; exit 2 ;;
     esac
