@@ -1121,13 +1121,15 @@ static int cmd_bench(struct opts *o)
         printf("%-14s %-8d %12.2f\n", "prompt", np, median(pp, reps));
     if (ng > 0)
         printf("%-14s %-8d %12.2f\n", "decode", ng, tg_med);
-    char bname[32];
-    snprintf(bname, sizeof bname, "decode x%d", B);
-    /* a step of B reads the weights once and each sequence's own cells */
-    double kv_b = (d + (ng - 1) / 2.0 + 1) * cell_reads, bound_b = bw > 0 && dec > 0 ? B * bw / (dec + B * kv_b) : 0;
-    if (B > 1)
-        printf("%-14s %-8d %12.2f (%d sequences, all their tokens; bound %.2f, %.1f%%)\n", bname, ng,
-               median(tgb, reps), B, bound_b, bound_b > 0 ? 100 * median(tgb, reps) / bound_b : 0);
+    if (B > 1) {
+        /* a step of B reads the weights once and each sequence's own cells */
+        double kv_b = (d + (ng - 1) / 2.0 + 1) * cell_reads, tgb_med = median(tgb, reps);
+        double bound_b = bw > 0 && dec > 0 ? B * bw / (dec + B * kv_b) : 0;
+        char bname[32];
+        snprintf(bname, sizeof bname, "decode x%d", B);
+        printf("%-14s %-8d %12.2f (%d sequences, all their tokens; bound %.2f, %.1f%%)\n", bname, ng, tgb_med, B,
+               bound_b, bound_b > 0 ? 100 * tgb_med / bound_b : 0);
+    }
     if (nx > 0) {
         printf("%-14s %-8d %12.2f ms (all evaluated)\n", "prefix cold", nx + np, median(cold, reps));
         printf("%-14s %-8d %12.2f ms (%d from the prefix cache)\n", "prefix warm", nx + np, median(warm, reps),
