@@ -1151,6 +1151,11 @@ struct gf_qkv {
     const int32_t *pos0;
     struct gpu_kv kv;              /* K and V rows go to their cells (kv.pages NULL: not) */
     int layer, krow, vrow;
+    /* one sequence a row (gpu_eval_batch): row t at cell pos_t[t] of the
+     * page table at pt_t + t·pt_stride, instead of pos0 + t of kv's; NULL:
+     * one sequence */
+    const int32_t *pos_t, *pt_t;
+    int pt_stride;
 };
 
 /* block (t, head of H+K+K): q heads, then k, then v */
@@ -1162,7 +1167,8 @@ __global__ void gf_qkv_kernel(gf_qkv p)
      * kernel ahead instead of following it. */
     gpu_grid_launch_dependents();
     __shared__ float hv[1024], nwv[1024], co[512], si[512];
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = *p.pos0 + t, half = p.n_rot / 2;
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
     float *x;
     const float *b, *nw;
     if (hd < p.H) {
@@ -1174,7 +1180,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         int h = hd - p.H - p.K;
         x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
     }
-    int pg = p.kv.pages && hd >= p.H ? p.kv.page_table[cell / p.kv.P] : 0;
+    int pg = p.kv.pages && hd >= p.H ? pt[cell / p.kv.P] : 0;
     if (nw)
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             nwv[i] = nw[i];
@@ -1402,15 +1408,20 @@ struct gpu_ctx {
     float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
     int8_t *aq;
     gf_ads *ads;
-    int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages) */
+    int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
+                              sequences (gpu_eval_batch) a position a row (B) and a page table a row
+                              (B, max_pages): gf_rows */
     int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
     float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
     void *attn_scratch, *gemm_scratch;
     size_t gemm_scratch_bytes;
-    gpuGraphExec_t graph;
-    int graph_state;       /* 0 none yet, 1 captured, -1 capture failed: run directly */
+    int B;                 /* the most sequences of a batch step: min(T, GF_DECODE_T) */
+    int rows;              /* the pass in progress takes one sequence a row (gpu_eval_batch) */
+    /* the decode step of n rows (1: one sequence, 2..B: a batch) as a graph */
+    gpuGraphExec_t graph[GF_DECODE_T + 1];
+    int graph_state[GF_DECODE_T + 1]; /* 0 none yet, 1 captured, -1 capture failed: run directly */
     struct gf_prof *prof;  /* gpu_test_profile's events, else NULL */
 };
 
@@ -1433,6 +1444,18 @@ static void gf_mark(struct gpu_ctx *c, int stage)
     struct gf_prof *p = c->prof;
     if (p && p->n < GF_PROF_MAX && gpuEventRecord(p->ev[p->n], c->stream) == gpuSuccess)
         p->stage[p->n++] = stage;
+}
+
+/* c->io's length, and where a batch's rows begin in it: the position of
+ * row t at gf_rows(c)[t], its page table at gf_rows(c) + B + t·max_pages */
+static size_t gf_io_ints(const struct gpu_ctx *c)
+{
+    return (size_t)c->T + 1 + c->max_pages + c->B + (size_t)c->B * c->max_pages;
+}
+
+static int32_t *gf_rows(const struct gpu_ctx *c)
+{
+    return c->io + c->T + 1 + c->max_pages;
 }
 
 static int gf_supported(int type)
@@ -1953,7 +1976,19 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     /* gpu_eval copies pos0 and the page table before the step, and every
      * cell before pos0 came from an earlier gpu_eval, which synchronised */
     a.settled = 1;
-    return gpu_attn_decode(&a, c->stream, err, errlen);
+    if (!c->rows)
+        return gpu_attn_decode(&a, c->stream, err, errlen);
+    /* one sequence a row: a call each, over the row's own cells */
+    int HE = hp->n_head * hp->head_dim, rc = 0;
+    a.T = 1;
+    for (int t = 0; t < T && rc >= 0; t++) {
+        a.kv.page_table = gf_rows(c) + c->B + (size_t)t * c->max_pages, a.pos0 = gf_rows(c) + t;
+        a.q = c->q + (size_t)t * HE, a.out = c->ao + (size_t)t * HE;
+        a.out_q = c->aq + (size_t)t * HE, a.out_ds = (float *)(c->ads + (size_t)t * (HE / GF_AB));
+        int r = gpu_attn_decode(&a, c->stream, err, errlen);
+        rc = r < 0 || (t && r != rc) ? -1 : r;   /* (every row takes the same kernel) */
+    }
+    return rc;
 }
 
 /* A prompt's experts as matrix products: the (token, expert) pairs sorted
@@ -2021,6 +2056,8 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     /* the K and V rows go to their cells from the same kernel (gpu_kv_store's encoder) */
     gf_kv_desc(c, &qp.kv);
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
+    qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
+    qp.pt_stride = c->max_pages;
     gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
@@ -2104,8 +2141,9 @@ void gpu_ctx_free(struct gpu_ctx *c)
 {
     if (!c)
         return;
-    if (c->graph_state == 1)
-        gpuGraphExecDestroy(c->graph);
+    for (int n = 0; n <= GF_DECODE_T; n++)
+        if (c->graph_state[n] == 1)
+            gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
                     c->offs, c->xs};
@@ -2155,7 +2193,9 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     c->g = g, c->kv = kv, c->T = max_tokens;
     c->max_cells = cfg->n_ctx, c->max_pages = lo.max_pages;
     c->gemm_ok = !gf_env("STRATA_GPU_NO_GEMM");
-    c->graph_state = gf_env("STRATA_GPU_NO_GRAPH") ? -1 : 0;
+    for (int n = 0; n <= GF_DECODE_T; n++)
+        c->graph_state[n] = gf_env("STRATA_GPU_NO_GRAPH") ? -1 : 0;
+    c->B = max_tokens < GF_DECODE_T ? max_tokens : GF_DECODE_T;
     int T = max_tokens, U = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
     int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim;
     int F = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
@@ -2208,13 +2248,13 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
              gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
-             gf_alloc((void **)&c->io, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
              gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
     }
     if (!rc) {
-        e = gpuMallocHost((void **)&c->io_host, (size_t)(T + 1 + c->max_pages) * sizeof(int32_t));
+        e = gpuMallocHost((void **)&c->io_host, gf_io_ints(c) * sizeof(int32_t));
         if (e == gpuSuccess)
             e = gpuMallocHost((void **)&c->lg_host, (size_t)hp->n_vocab * sizeof(float));
         if (e != gpuSuccess)
@@ -2229,30 +2269,39 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     return 0;
 }
 
-/* The T=1 step as a graph: captured at the first decode, replayed after
- * (every kernel reads the token, position and page table from c->io). */
-static int gf_decode_graph(struct gpu_ctx *c, char *err, size_t errlen)
+/* A decode step of n rows (n = 1: one sequence; 2..B: one sequence a row)
+ * as a graph: captured at the first such step, replayed after (every
+ * kernel reads the tokens, positions and page tables from c->io). */
+static int gf_decode_graph_n(struct gpu_ctx *c, int n, char *err, size_t errlen)
 {
-    if (c->graph_state == 0) {
+    if (c->graph_state[n] == 0) {
         gpuGraph_t graph;
         GPU_TRY(gpuStreamBeginCapture(c->stream, gpuStreamCaptureModeThreadLocal), err, errlen);
-        int rc = gf_forward(c, 1, 0, err, errlen);
+        int rc = gf_forward(c, n, 0, err, errlen);
         gpuError_t e = gpuStreamEndCapture(c->stream, &graph);
-        if (rc || e != gpuSuccess || gpuGraphInstantiate(&c->graph, graph) != gpuSuccess) {
+        if (rc || e != gpuSuccess || gpuGraphInstantiate(&c->graph[n], graph) != gpuSuccess) {
             /* something in the step cannot be captured: run it directly from now on */
             if (e == gpuSuccess)
                 gpuGraphDestroy(graph);
             (void)gpuGetLastError();
-            c->graph_state = -1;
-            return gf_forward(c, 1, 0, err, errlen);
+            c->graph_state[n] = -1;
+            return gf_forward(c, n, 0, err, errlen);
         }
         gpuGraphDestroy(graph);
-        c->graph_state = 1;
+        c->graph_state[n] = 1;
     }
-    if (c->graph_state < 0)
-        return gf_forward(c, 1, 0, err, errlen);
-    GPU_TRY(gpuGraphLaunch(c->graph, c->stream), err, errlen);
+    if (c->graph_state[n] < 0)
+        return gf_forward(c, n, 0, err, errlen);
+    GPU_TRY(gpuGraphLaunch(c->graph[n], c->stream), err, errlen);
     return 0;
+}
+
+static int gf_decode_graph(struct gpu_ctx *c, int n, char *err, size_t errlen)
+{
+    c->rows = n > 1;
+    int rc = gf_decode_graph_n(c, n, err, errlen);
+    c->rows = 0;
+    return rc;
 }
 
 int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits,
@@ -2277,7 +2326,7 @@ int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, 
     GPU_TRY(gpuMemcpyAsync(c->io + c->T, c->io_host + c->T, (size_t)(1 + pages) * sizeof(int32_t),
                            gpuMemcpyHostToDevice, c->stream), err, errlen);
     int out0 = !logits ? n : all_logits ? 0 : n - 1;
-    int rc = n == 1 && logits ? gf_decode_graph(c, err, errlen) : gf_forward(c, n, out0, err, errlen);
+    int rc = n == 1 && logits ? gf_decode_graph(c, 1, err, errlen) : gf_forward(c, n, out0, err, errlen);
     /* one row goes through pinned memory (a truly asynchronous copy) */
     size_t lg_bytes = (size_t)(n - out0) * hp->n_vocab * sizeof(float);
     float *lg_dst = n - out0 == 1 ? c->lg_host : logits;
@@ -2290,6 +2339,58 @@ int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, 
         return strata_errf(err, errlen, "GPU eval: %s", gpuGetErrorString(e));
     if (logits && lg_dst != logits)
         memcpy(logits, lg_dst, lg_bytes);
+    return 0;
+}
+
+int gpu_eval_batch(struct gpu_ctx *c, const int *seqs, const int32_t *tokens, int n, float *logits, char *err,
+                   size_t errlen)
+{
+    int V = c->g->hp.n_vocab, P = kv_cfg(c->kv)->page_cells;
+    int32_t *rows = c->io_host + (gf_rows(c) - c->io);
+    for (int done = 0; done < n;) {
+        int m = n - done < c->B ? n - done : c->B;
+        if (m == 1) { /* one sequence: its own step */
+            int s = seqs[done];
+            if (gpu_eval(c, s, tokens + done, 1, kv_seq_len(c->kv, s) - 1, logits + (size_t)done * V, 0, err, errlen))
+                return -1;
+            done++;
+            continue;
+        }
+        for (int t = 0; t < m; t++) {
+            int s = seqs[done + t], len = kv_seq_len(c->kv, s);
+            int32_t tok = tokens[done + t];
+            if (len < 1)
+                return strata_errf(err, errlen, "GPU batch: sequence %d has no cell for its token", s);
+            for (int u = 0; u < t; u++)
+                if (seqs[done + u] == s)
+                    return strata_errf(err, errlen, "GPU batch: sequence %d appears twice", s);
+            if (tok < 0 || tok >= V)
+                return strata_errf(err, errlen, "token id %d out of range (vocabulary of %d)", (int)tok, V);
+            c->io_host[t] = tok;
+            rows[t] = len - 1;
+            memcpy(rows + c->B + (size_t)t * c->max_pages, kv_page_table(c->kv, s),
+                   (size_t)((len + P - 1) / P) * sizeof(int32_t));
+        }
+        GPU_TRY(gpuMemcpyAsync(c->io, c->io_host, (size_t)m * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream),
+                err, errlen);
+        GPU_TRY(gpuMemcpyAsync(gf_rows(c), rows, (size_t)m * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream), err,
+                errlen);
+        for (int t = 0; t < m; t++) {
+            size_t off = c->B + (size_t)t * c->max_pages, pages = (size_t)(rows[t] + P) / P;
+            GPU_TRY(gpuMemcpyAsync(gf_rows(c) + off, rows + off, pages * sizeof(int32_t), gpuMemcpyHostToDevice,
+                                   c->stream), err, errlen);
+        }
+        int rc = gf_decode_graph(c, m, err, errlen);
+        if (!rc)
+            GPU_TRY(gpuMemcpyAsync(logits + (size_t)done * V, c->logits, (size_t)m * V * sizeof(float),
+                                   gpuMemcpyDeviceToHost, c->stream), err, errlen);
+        gpuError_t e = gpuStreamSynchronize(c->stream);
+        if (rc)
+            return -1;
+        if (e != gpuSuccess)
+            return strata_errf(err, errlen, "GPU batch: %s", gpuGetErrorString(e));
+        done += m;
+    }
     return 0;
 }
 

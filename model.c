@@ -1656,23 +1656,19 @@ int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *toke
         if (kv_append(c->kv, seqs[added], tokens + added, 1, err, errlen) != 0)
             break;
     int rc = added < n ? -1 : 0;
-    for (int done = 0; rc == 0 && done < n;) {
-        int T = n - done < c->t_max ? n - done : c->t_max;
-        if (c->device == MODEL_DEV_GPU) {
-            int s = seqs[done];
-            rc = gpu_eval(c->gpu, s, tokens + done, 1, kv_seq_len(c->kv, s) - 1, logits + (size_t)done * V, 0,
-                          err, errlen);
-            done++;
-            continue;
+    if (rc == 0 && c->device == MODEL_DEV_GPU)
+        rc = gpu_eval_batch(c->gpu, seqs, tokens, n, logits, err, errlen);
+    else
+        for (int done = 0; rc == 0 && done < n;) {
+            int T = n - done < c->t_max ? n - done : c->t_max;
+            struct pass ps = {T, -1, 0, 0};
+            for (int t = 0; t < T; t++) {
+                c->rseq[t] = seqs[done + t];
+                c->rpos[t] = kv_seq_len(c->kv, seqs[done + t]) - 1;
+            }
+            rc = forward(c, &ps, tokens + done, logits + (size_t)done * V, err, errlen);
+            done += T;
         }
-        struct pass ps = {T, -1, 0, 0};
-        for (int t = 0; t < T; t++) {
-            c->rseq[t] = seqs[done + t];
-            c->rpos[t] = kv_seq_len(c->kv, seqs[done + t]) - 1;
-        }
-        rc = forward(c, &ps, tokens + done, logits + (size_t)done * V, err, errlen);
-        done += T;
-    }
     if (rc != 0)
         for (int i = 0; i < added; i++)
             kv_truncate(c->kv, seqs[i], 1);

@@ -799,6 +799,12 @@ void gpu_ctx_free(struct gpu_ctx *c);
  * (V) for the last token; NULL to skip the head. */
 int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits,
              int all_logits, char *err, size_t errlen);
+/* One decode step for each of n distinct sequences: tokens[i] at the last
+ * cell of seqs[i] (the caller appended it), logits (n, V) (host). Up to 16
+ * sequences (at most max_tokens) share each pass: their matrix products
+ * read the weights once, each attends over its own cells. */
+int gpu_eval_batch(struct gpu_ctx *c, const int *seqs, const int32_t *tokens, int n, float *logits, char *err,
+                   size_t errlen);
 
 /* ==== Public API: what a program embedding Strata calls ==== */
 
