@@ -2346,39 +2346,42 @@ int gpu_eval_batch(struct gpu_ctx *c, const int *seqs, const int32_t *tokens, in
                    size_t errlen)
 {
     int V = c->g->hp.n_vocab, P = kv_cfg(c->kv)->page_cells;
+    for (int i = 0; i < n; i++) {
+        if (kv_seq_len(c->kv, seqs[i]) < 1)
+            return strata_errf(err, errlen, "GPU batch: sequence %d has no cell for its token", seqs[i]);
+        for (int k = 0; k < i; k++)
+            if (seqs[k] == seqs[i])
+                return strata_errf(err, errlen, "GPU batch: sequence %d appears twice", seqs[i]);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return strata_errf(err, errlen, "token id %d out of range (vocabulary of %d)", (int)tokens[i], V);
+    }
+    /* passes of up to B rows; a single row is an ordinary decode step */
     int32_t *rows = c->io_host + (gf_rows(c) - c->io);
     for (int done = 0; done < n;) {
         int m = n - done < c->B ? n - done : c->B;
-        if (m == 1) { /* one sequence: its own step */
+        if (m == 1) {
             int s = seqs[done];
             if (gpu_eval(c, s, tokens + done, 1, kv_seq_len(c->kv, s) - 1, logits + (size_t)done * V, 0, err, errlen))
                 return -1;
             done++;
             continue;
         }
+        /* row t: its token, the position of its cell, its page table */
         for (int t = 0; t < m; t++) {
-            int s = seqs[done + t], len = kv_seq_len(c->kv, s);
-            int32_t tok = tokens[done + t];
-            if (len < 1)
-                return strata_errf(err, errlen, "GPU batch: sequence %d has no cell for its token", s);
-            for (int u = 0; u < t; u++)
-                if (seqs[done + u] == s)
-                    return strata_errf(err, errlen, "GPU batch: sequence %d appears twice", s);
-            if (tok < 0 || tok >= V)
-                return strata_errf(err, errlen, "token id %d out of range (vocabulary of %d)", (int)tok, V);
-            c->io_host[t] = tok;
-            rows[t] = len - 1;
+            int s = seqs[done + t];
+            c->io_host[t] = tokens[done + t];
+            rows[t] = kv_seq_len(c->kv, s) - 1;
             memcpy(rows + c->B + (size_t)t * c->max_pages, kv_page_table(c->kv, s),
-                   (size_t)((len + P - 1) / P) * sizeof(int32_t));
+                   (size_t)(rows[t] / P + 1) * sizeof(int32_t));
         }
         GPU_TRY(gpuMemcpyAsync(c->io, c->io_host, (size_t)m * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream),
                 err, errlen);
         GPU_TRY(gpuMemcpyAsync(gf_rows(c), rows, (size_t)m * sizeof(int32_t), gpuMemcpyHostToDevice, c->stream), err,
                 errlen);
         for (int t = 0; t < m; t++) {
-            size_t off = c->B + (size_t)t * c->max_pages, pages = (size_t)(rows[t] + P) / P;
-            GPU_TRY(gpuMemcpyAsync(gf_rows(c) + off, rows + off, pages * sizeof(int32_t), gpuMemcpyHostToDevice,
-                                   c->stream), err, errlen);
+            size_t off = c->B + (size_t)t * c->max_pages;
+            GPU_TRY(gpuMemcpyAsync(gf_rows(c) + off, rows + off, (size_t)(rows[t] / P + 1) * sizeof(int32_t),
+                                   gpuMemcpyHostToDevice, c->stream), err, errlen);
         }
         int rc = gf_decode_graph(c, m, err, errlen);
         if (!rc)
