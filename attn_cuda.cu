@@ -101,6 +101,8 @@ struct ak_args {
     int tiles;       /* ak_mma: row tiles per kv head (dense) or per query (QSA) */
     int rt;          /* ak_mma: rows per tile (16 per computing warp) */
     int qsa;
+    int multi;       /* ak_dec: query z the last cell of its own sequence (gpu_attn's multi) */
+    int pt_stride;   /* with multi: query z's page table at pt + z·pt_stride */
 };
 
 /* ==== cell rows ==== */
@@ -188,6 +190,7 @@ struct akm_args {
     float4 *out_ds;
     int S, TH, E;
     int unit, T, H, qsa;
+    int multi;     /* ak_dec's: row o's query t = o / H at pos0[t], one cell of its own */
     const int32_t *pos0;
     const int64_t *sel_off;
     int settled;   /* gpu_attn's */
@@ -245,11 +248,12 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
      * (gpu_attn's settled); then the wait first of all else: the stream's
      * next kernel waits for this one alone, so this one returns only after
      * ak_dec's grid is complete */
-    int p0 = m.settled && !m.qsa ? *m.pos0 : 0;
+    int t = o / m.H, p0 = m.settled && !m.qsa ? m.pos0[m.multi ? t : 0] : 0;
     gpu_grid_wait();
     if (m.unit) {
-        int t = o / m.H;
-        int n = m.qsa ? (int)(m.sel_off[t + 1] - m.sel_off[t]) : (m.settled ? p0 : *m.pos0) + m.T;
+        int n = m.qsa     ? (int)(m.sel_off[t + 1] - m.sel_off[t])
+              : m.multi ? (m.settled ? p0 : m.pos0[t]) + 1
+                        : (m.settled ? p0 : *m.pos0) + m.T;
         S = akd_live(n, m.S, m.unit);
         if (S == 1)
             return; /* ak_dec wrote the row */
@@ -967,7 +971,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     bool early = a.settled && !a.qsa;
     if (!early)
         gpu_grid_wait();
-    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
+    /* multi: query z of a batch is cell pos0[z] of its own sequence */
+    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = a.pos0[a.multi ? blockIdx.z : 0];
+    const int32_t *pt = a.pt + (a.multi ? (size_t)blockIdx.z * a.pt_stride : 0);
     uint8_t *ring = ak_smem + (size_t)w * NST * SH::STAGE;
     const uint8_t **rp = (const uint8_t **)(ak_smem + SH::BIG) + w * 2 * C;
     float *ps = (float *)(ak_smem + SH::BIG + NW * 2 * C * 8) + w * NR * PLD;
@@ -978,11 +984,15 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         R = G;
         list = a.sel + a.sel_off[tz];
         n_ent = (int)(a.sel_off[tz + 1] - a.sel_off[tz]);
+    } else if (a.multi) {
+        tz = blockIdx.z;
+        R = G;
+        n_ent = p0 + 1;
     } else {
         R = a.T * G;
         n_ent = p0 + a.T;
     }
-    auto out_row = [&](int r) { return (a.qsa ? tz : r / G) * a.H + h * G + r % G; };
+    auto out_row = [&](int r) { return (a.qsa || a.multi ? tz : r / G) * a.H + h * G + r % G; };
     int plen = a.unit ? akd_plen(n_ent, a.S, a.unit) : a.plen;
     int e_lo = s * plen, e_hi = min(n_ent, e_lo + plen);
     /* a partition past the live entries: the merge does not read it (with
@@ -1003,7 +1013,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     auto ahead = [&](int i) {
         int ent = e_lo + (w + i * NW) * C + el;
         nc = ent < e_hi ? (list ? list[ent] : ent) : -1;
-        npg = nc >= 0 ? a.pt[nc >> a.lp] : 0;
+        npg = nc >= 0 ? pt[nc >> a.lp] : 0;
     };
     /* pgreg (dense): a step's 16-entry halves each lie in one page (P is a
      * power of two >= 16, steps start at multiples of C), and lane j holds
@@ -1014,7 +1024,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     int pgs = 0;
     auto pages_from = [&](int i0) {
         int c = e_lo + (w + (i0 + lane / MC) * NW) * C + 16 * (lane % MC);
-        pgs = c < e_hi ? a.pt[c >> a.lp] : 0;
+        pgs = c < e_hi ? pt[c >> a.lp] : 0;
     };
     if (pgr)
         pages_from(0);
@@ -1474,7 +1484,7 @@ static int ak_path_of(const struct gpu_attn *a, int decode, int qsa)
 static const struct ak_rule *ak_pick(const struct gpu_attn *a, int path, int arch)
 {
     int E = a->kv.E, G = a->H / (a->kv.K > 0 ? a->kv.K : 1);
-    int rows = path & (AP_QSA_PROMPT | AP_QSA_DECODE) ? G : a->T * G;
+    int rows = path & (AP_QSA_PROMPT | AP_QSA_DECODE) || a->multi ? G : a->T * G;
     unsigned dim = E == 64 ? 1u : E == 128 ? 2u : E == 256 ? 4u : 8u;
     for (size_t i = 0; i < sizeof ak_table / sizeof *ak_table; i++) {
         const struct ak_rule *r = &ak_table[i];
@@ -1576,6 +1586,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
     a.plen = INT_MAX;
     a.qsa = qsa;
     a.settled = g->settled;
+    a.multi = g->multi, a.pt_stride = g->pt_stride;
     return a;
 }
 
@@ -1583,7 +1594,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, NULL, NULL, 0};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1748,7 +1759,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     struct akd_cfg cf = akd_cfg_get();
     cf.pdl = cf.pdl && arch >= 90;
     ak_args a = ak_args_of(g, qsa);
-    int rows = qsa ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa ? g->T : 1, S = 1;
+    int rows = qsa || a.multi ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa || a.multi ? g->T : 1, S = 1;
     int longc = g->kv.cell == KV_CELL_INT8 && a.E == 128 && g->max_cells >= AKD_LONG;
     cf.i8c = cf.i8c < 0 ? longc && a.G <= AKD_I8C_G : cf.i8c;
     cf.c = cf.c > 0 ? cf.c : longc ? 32 : 16;
@@ -1794,8 +1805,8 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         said_S = S;
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
-    akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, g->pos0,
-                  g->sel_off, g->settled};
+    akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
+                  g->pos0, g->sel_off, g->settled};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }
@@ -1839,6 +1850,9 @@ static int ak_check(const struct gpu_attn *g, int path, char *err, size_t errlen
         return strata_errf(err, errlen, "gpu attention: QSA without a cell selection");
     if ((path & (AP_DECODE | AP_QSA_DECODE)) && !g->scratch)
         return strata_errf(err, errlen, "gpu attention: split-KV decode without scratch");
+    if (g->multi && (path != AP_DECODE || !gpu_attn_takes_multi(g)))
+        return strata_errf(err, errlen, "gpu attention: queries of several sequences on a call or kernel that "
+                           "takes one (gpu_attn_takes_multi)");
     return 0;
 }
 
@@ -1897,6 +1911,17 @@ int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen)
 {
     return ak_run(a, 1, 1, stream, err, errlen);
+}
+
+int gpu_attn_takes_multi(const struct gpu_attn *a)
+{
+    int arch = 0, sms = 0;
+    char err[8];
+    if (a->T > AK_DECODE_T || a->sel || !a->settled || ak_device(&arch, &sms, err, sizeof err))
+        return 0;
+    struct gpu_attn m = *a;
+    m.multi = 1;
+    return ak_pick(&m, AP_DECODE, arch)->kern == AK_DEC;
 }
 
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa)

@@ -659,6 +659,13 @@ size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E)
     return gpu_attn_rdna2_scratch_bytes(H, T, max_cells, E);
 }
 
+/* No kernel here takes several sequences in one call: gpu.cu calls a row at a time. */
+int gpu_attn_takes_multi(const struct gpu_attn *a)
+{
+    (void)a;
+    return 0;
+}
+
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa)
 {
     return rd_table[rd_pick(a, decode, qsa)].name;

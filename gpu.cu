@@ -1978,7 +1978,13 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     a.settled = 1;
     if (!c->rows)
         return gpu_attn_decode(&a, c->stream, err, errlen);
-    /* one sequence a row: a call each, over the row's own cells */
+    /* one sequence a row: one call for all (multi), where the kernel takes
+     * it and STRATA_GPU_BATCH_ROWS=1 does not ask for a call a row */
+    a.kv.page_table = gf_rows(c) + c->B, a.pos0 = gf_rows(c);
+    a.multi = 1, a.pt_stride = c->max_pages;
+    if (gpu_attn_takes_multi(&a) && !gf_env("STRATA_GPU_BATCH_ROWS"))
+        return gpu_attn_decode(&a, c->stream, err, errlen);
+    a.multi = 0;
     int HE = hp->n_head * hp->head_dim, rc = 0;
     a.T = 1;
     for (int t = 0; t < T && rc >= 0; t++) {

@@ -54,6 +54,10 @@ struct gpu_attn {
      * reaches it (copies, or kernels the stream completed before a copy):
      * the kernel may read them before the kernel ahead of it finishes */
     int settled;
+    /* decode, optional (gpu_attn_takes_multi): the T queries of T
+     * sequences, query t the last cell pos0[t] of its own sequence, whose
+     * page table is kv.page_table + t·pt_stride (gpu_eval_batch) */
+    int multi, pt_stride;
 };
 
 /* Device scratch one call needs at most, for H query heads, T queries,
@@ -74,6 +78,9 @@ int gpu_attn_decode(const struct gpu_attn *a, void *stream, char *err, size_t er
 /* QSA: the same over each query's selected cells. */
 int gpu_attn_qsa_prompt(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
 int gpu_attn_qsa_decode(const struct gpu_attn *a, void *stream, char *err, size_t errlen);
+/* Whether gpu_attn_decode takes a's T queries as one query of each of T
+ * sequences (multi) in one call: sm_80+ with f16 or int8 cells. */
+int gpu_attn_takes_multi(const struct gpu_attn *a);
 /* The kernel the dispatch table picks for a call (for logs and tests). */
 const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
 /* attn_cuda.cu, for test_gpu_attn.c (device memory: gpu_test_alloc below):
