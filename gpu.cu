@@ -206,14 +206,21 @@ struct gf_q8_0 {
  * scale bytes) is read as four words and the pair's two scales and mins are
  * cut out of them with shifts and masks, the same for every p (selects, no
  * branch that splits a warp; quant.c's get_scale_min_k4). The product of a
- * unit with activation codes xa and their blocks' scales xs: */
-static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], const int4 (&xa)[4],
-                                                    const gf_ads (&xs)[2], int p)
+ * unit's scales (low byte sub-block 2p, high byte 2p+1) and mins: */
+static __device__ __forceinline__ void gf_q4k_scales(int4 h, int p, uint32_t *sc, uint32_t *mn)
 {
     int sh = 16 * (p & 1);
     uint32_t a0 = (uint32_t)h.y >> sh, a1 = (uint32_t)h.z >> sh, a2 = (uint32_t)h.w >> sh;
-    uint32_t sc = p >= 2 ? (a2 & 0x0f0f) | ((a0 >> 2) & 0x3030) : a0 & 0x3f3f;
-    uint32_t mn = p >= 2 ? ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030) : a1 & 0x3f3f;
+    *sc = p >= 2 ? (a2 & 0x0f0f) | ((a0 >> 2) & 0x3030) : a0 & 0x3f3f;
+    *mn = p >= 2 ? ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030) : a1 & 0x3f3f;
+}
+
+/* The product of a unit with activation codes xa and their blocks' scales xs: */
+static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], const int4 (&xa)[4],
+                                                    const gf_ads (&xs)[2], int p)
+{
+    uint32_t sc, mn;
+    gf_q4k_scales(h, p, &sc, &mn);
     float d = gf_h2f((uint16_t)((uint32_t)h.x & 0xffff)), dmin = gf_h2f((uint16_t)((uint32_t)h.x >> 16));
     const int w[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
     const int ax[8] = {xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w};
@@ -896,6 +903,143 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
 }
+
+/* ==== the batched Q4_K kernel: tensor cores (CUDA sm_80+) ====
+ * A step of several sequences (gpu_eval_batch) multiplies each matrix by
+ * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
+ * again for each weight unit, from L1, and each row cost about as much as a
+ * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
+ * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a superblock,
+ * a sub-block of 32 columns a step, against 8 tokens' int8 activation as B,
+ * so an activation byte serves 16 rows from a register. Within a sub-block
+ * the order of k is free as long as A and B agree: lane (group gq = lane/4,
+ * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
+ * each 64-column pair (low nibbles the pair's first sub-block, high its
+ * second) and its activation 8 contiguous bytes. Each sub-block's integer
+ * dot is scaled in f32 as gf_q4k_pair does: ad·(d·sc·dot − dmin·m·Σa). A
+ * block's GF_MVQ_WARPS warps share one 16-row tile and take its superblocks
+ * in turn; their sums meet in shared memory, added in warp order. The next
+ * superblock's loads go out before this one's arithmetic, and the first's
+ * before the kernel waits for the one ahead (weights are no kernel's output). */
+#define GF_MMA_T 16     /* gf_matmul_n's nt for gf_mvq_kernel: up to 16 rows, one group */
+#define GF_MVQ_WARPS 8
+
+#ifdef GPU_CUDA
+/* lane's two rows gq, gq+8 of a superblock: header, and 8 code bytes of each pair */
+static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, int4 (&h)[2],
+                                                    int2 (&q)[2][4])
+{
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const uint8_t *b = w[j] + (size_t)sb * 144;
+        h[j] = gf_ld_stream((const int4 *)b);
+#pragma unroll
+        for (int pr = 0; pr < 4; pr++)
+            q[j][pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
+    }
+}
+
+template <int NB>   /* token tiles of 8 */
+__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
+{
+#if __CUDA_ARCH__ >= 800
+    __shared__ float part[GF_MVQ_WARPS][16][8 * NB];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
+    const uint8_t *w[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int r = min(r0 + gq + 8 * j, total - 1), rr;   /* past the end: the last row, not written */
+        int pt = gf_mv_part(p, r, &rr);
+        w[j] = p.w[pt] + (size_t)rr * p.ldw;
+    }
+    int4 h[2];
+    int2 q[2][4];
+    int sb = warp;
+    if (sb < nsb)
+        gf_mvq_fetch(w, sb, c, h, q);
+    gf_pdl_begin();
+    float acc[NB][4];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[b][i] = 0.0f;
+    for (; sb < nsb; sb += GF_MVQ_WARPS) {
+        int4 nh[2];
+        int2 nq[2][4];
+        if (sb + GF_MVQ_WARPS < nsb)
+            gf_mvq_fetch(w, sb + GF_MVQ_WARPS, c, nh, nq);
+        else
+            nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
+                nq[1][3] = q[0][0];   /* (the last: not used) */
+        float d[2], dm[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
+#pragma unroll
+        for (int pr = 0; pr < 4; pr++) {
+            uint32_t sc[2], mn[2];
+            gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
+            gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
+                uint32_t a[4];
+                a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+                a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+                a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+                a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+                float ds[2], ms[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
+                    ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
+                }
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
+                    int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
+                    gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                    gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                    int dot[4] = {0, 0, 0, 0};
+                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                 : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+                    /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+                    acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
+                    acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
+                    acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
+                    acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            h[j] = nh[j];
+#pragma unroll
+            for (int pr = 0; pr < 4; pr++)
+                q[j][pr] = nq[j][pr];
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            part[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
+    __syncthreads();
+    int row = threadIdx.x / (8 * NB), t = threadIdx.x % (8 * NB);
+    if (threadIdx.x < 16 * 8 * NB && t < T && r0 + row < total) {
+        float sum = part[0][row][t];
+        for (int i = 1; i < GF_MVQ_WARPS; i++)
+            sum += part[i][row][t];
+        int rr, pt = gf_mv_part(p, r0 + row, &rr);
+        gf_mv_put(p, pt, 0, t, rr, sum);
+    }
+#endif
+}
+#endif
 
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
 
@@ -1789,13 +1933,33 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_launch(gf_mvrow_kernel<Q>, dim3(rows, groups), GF_ROW_THREADS, 0, s, p);
         else
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
+    } else if (nt == GF_MMA_T) {
+#ifdef GPU_CUDA
+        if (p.t_total > 8)
+            gf_launch(gf_mvq_kernel<2>, dim3((rows + 15) / 16), GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+        else
+            gf_launch(gf_mvq_kernel<1>, dim3((rows + 15) / 16), GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+#endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
         gf_launch(gf_mv_kernel<Q, GF_NT, 1>, grid, GF_MV_WARPS * GPU_WARP, 0, s, p);
     }
 }
 
-/* nt: 1 (each group one activation row) or GF_NT (groups of tokens) */
+/* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
+static int gf_mvq_takes(int type, int n, int T)
+{
+    int arch = 0, sms = 0;
+#ifdef GPU_CUDA
+    if (type == QT_Q4_K && n % 256 == 0 && T > 1 && T <= GF_MMA_T && !gf_env("STRATA_GPU_MV_OLD"))
+        return gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
+#endif
+    (void)type, (void)n, (void)T, (void)arch, (void)sms;
+    return 0;
+}
+
+/* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
+ * GF_MMA_T (one group of up to 16 rows: gf_mvq_kernel, where gf_mvq_takes) */
 static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_t s, char *err, size_t errlen)
 {
     switch (type) {
@@ -1870,13 +2034,13 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         done[i] = 1;
     }
-    int nt = T == 1 ? 1 : GF_NT;
     for (int i = 0; i < n_out; i++) {
         if (done[i])
             continue;
         gf_mv p;
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
+        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : GF_NT;
         p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
         p.aq = c->aq, p.ads = c->ads, p.af = af;
         p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
@@ -2498,7 +2662,7 @@ __global__ void gf_fill_kernel(uint32_t *p, size_t n, uint32_t seed)
     }
 }
 
-double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t errlen)
+double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, size_t errlen)
 {
     if (!gf_supported(type) || gf_float_type(type))
         return strata_errf(err, errlen, "mv bench: type %s not timed", gguf_type_name(type));
@@ -2512,14 +2676,16 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
     float *dx = NULL, *dy = NULL;
     gpuEvent_t ev[2] = {NULL, NULL};
     double ms[BATCHES], med = -1;
-    int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) || gf_alloc((void **)&dx, (size_t)n * 4, err, errlen) ||
-             gf_alloc((void **)&dy, (size_t)rows * 4, err, errlen) || gf_alloc((void **)&c.aq, (size_t)n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)(n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+    int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) ||
+             gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
+             gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
+             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
              gpuStreamCreate(&c.stream) != gpuSuccess || gpuEventCreate(&ev[0]) != gpuSuccess ||
              gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
     if (!rc) {
         gf_fill_kernel<<<1024, 256, 0, c.stream>>>((uint32_t *)dw, bytes * copies / 4, 7u);
-        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, (size_t)n, 9u);
+        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, (size_t)T * n, 9u);
     }
     /* back to back as in a decode step: each batch's calls queue behind a
      * spin, and the events time the whole batch */
@@ -2528,8 +2694,8 @@ double gpu_test_mv_us(int type, int n, int rows, int reps, char *err, size_t err
         rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
         for (int j = 0; j < reps && !rc; j++, i++) {
             struct gf_mat m = {dw + bytes * (size_t)(i % copies), type, n, rows, ldw, ldw * rows};
-            rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, 1, NULL, c.aq, c.ads, err, errlen) ||
-                 gf_matmul(&c, &m, dx, 1, dy, rows, NULL, 0, err, errlen);
+            rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, T, NULL, c.aq, c.ads, err, errlen) ||
+                 gf_matmul(&c, &m, dx, T, dy, rows, NULL, 0, err, errlen);
         }
         float t = 0;
         if (rc || gpuEventRecord(ev[1], c.stream) != gpuSuccess || gpuEventSynchronize(ev[1]) != gpuSuccess ||

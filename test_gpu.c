@@ -65,7 +65,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
     for (int i = 0; i < N * TMAX; i++)
         u[i] = test_randf(&seed);
     static const struct { int T, mode; const char *what; } runs[] = {
-        {1, GPU_TEST_PLAIN, "x"}, {TMAX, GPU_TEST_PLAIN, "x"}, {1, GPU_TEST_NORM, "norm"}, {1, GPU_TEST_SWIGLU, "swiglu"}};
+        {1, GPU_TEST_PLAIN, "x"}, {5, GPU_TEST_PLAIN, "x"}, {TMAX, GPU_TEST_PLAIN, "x"}, {1, GPU_TEST_NORM, "norm"}, {1, GPU_TEST_SWIGLU, "swiglu"}};
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         int T = runs[k].T, mode = runs[k].mode;
         char err[256];
@@ -692,7 +692,9 @@ done:
 /* STRATA_GPU_BENCH=mv: the decode matrix-vector kernels alone on the
  * Qwen3-8B shapes (gate+up as one matrix of 2 x 12288 rows, down, Q+K+V,
  * wo, the head) and Qwen3-30B-A3B's expert and attention shapes, the
- * current kernel against STRATA_GPU_MV_OLD=1. */
+ * current kernels against STRATA_GPU_MV_OLD=1: with one activation row
+ * (decode: gf_mvk_kernel against the staged kernel) and with 2..16 (a step
+ * of that many sequences: gf_mvq_kernel against gf_mv_kernel). */
 static void tg_bench_mv(void)
 {
     static const struct { const char *what; int n, rows; } sh[] = {
@@ -701,17 +703,21 @@ static void tg_bench_mv(void)
         {"30b expert down", 768, 2048}};
     if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K)"))
         return;
-    for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
-        char err[256];
-        double bytes = (double)quant_row_bytes(QT_Q4_K, sh[i].n) * sh[i].rows, us[2];
-        for (int old = 0; old < 2; old++) {
-            setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
-            us[old] = gpu_test_mv_us(QT_Q4_K, sh[i].n, sh[i].rows, 20, err, sizeof err);
-            CHECK(us[old] > 0, "%s", err);
+    /* T = 1 as a decode step multiplies; 2..16 as a step of that many sequences */
+    static const int Ts[] = {1, 2, 4, 8, 16};
+    for (size_t i = 0; i < sizeof sh / sizeof *sh; i++)
+        for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
+            char err[256];
+            double bytes = (double)quant_row_bytes(QT_Q4_K, sh[i].n) * sh[i].rows, us[2];
+            for (int old = 0; old < 2; old++) {
+                setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
+                us[old] = gpu_test_mv_us(QT_Q4_K, sh[i].n, sh[i].rows, Ts[k], 20, err, sizeof err);
+                CHECK(us[old] > 0, "%s", err);
+            }
+            printf("  Q4_K  %-16s %5d x %6d T=%-2d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n",
+                   sh[i].what, sh[i].n, sh[i].rows, Ts[k], bytes / 1e6, us[1], bytes / us[1] / 1e6, us[0],
+                   bytes / us[0] / 1e6);
         }
-        printf("  Q4_K  %-16s %5d x %6d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n", sh[i].what,
-               sh[i].n, sh[i].rows, bytes / 1e6, us[1], bytes / us[1] / 1e6, us[0], bytes / us[0] / 1e6);
-    }
     unsetenv("STRATA_GPU_MV_OLD");
 }
 
@@ -783,6 +789,11 @@ static void tg_bench_one(const char *shape, const char *type, const char *set)
         if (CHECK(kv_append(t.kv, t.seq, ids, 512, err, sizeof err) == 0, "%s", err) &&
             CHECK(gpu_test_profile(t.c, t.seq, ids, 512, 0, prof, sizeof prof, err, sizeof err) == 0, "%s", err))
             printf("  profile of a 512-token prompt: %s\n", prof);
+        /* an 8-token prompt: the products of a step of 8 sequences (gpu_eval_batch) */
+        kv_truncate(t.kv, t.seq, kv_seq_len(t.kv, t.seq));
+        if (CHECK(kv_append(t.kv, t.seq, ids, 8, err, sizeof err) == 0, "%s", err) &&
+            CHECK(gpu_test_profile(t.c, t.seq, ids, 8, 0, prof, sizeof prof, err, sizeof err) == 0, "%s", err))
+            printf("  profile of an 8-token prompt: %s\n", prof);
     }
     CHECK(isfinite(lg[0]), "logits not finite");
 done:
