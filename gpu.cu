@@ -939,11 +939,11 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
     }
 }
 
-template <int NB>   /* token tiles of 8 */
-__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
+template <int NB, int W>   /* token tiles of 8; warps */
+__global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
-    __shared__ float part[GF_MVQ_WARPS][16][8 * NB];
+    __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
     int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
     const uint8_t *w[2];
@@ -965,11 +965,11 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
-    for (; sb < nsb; sb += GF_MVQ_WARPS) {
+    for (; sb < nsb; sb += W) {
         int4 nh[2];
         int2 nq[2][4];
-        if (sb + GF_MVQ_WARPS < nsb)
-            gf_mvq_fetch(w, sb + GF_MVQ_WARPS, c, nh, nq);
+        if (sb + W < nsb)
+            gf_mvq_fetch(w, sb + W, c, nh, nq);
         else
             nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
                 nq[1][3] = q[0][0];   /* (the last: not used) */
@@ -1032,7 +1032,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
     int row = threadIdx.x / (8 * NB), t = threadIdx.x % (8 * NB);
     if (threadIdx.x < 16 * 8 * NB && t < T && r0 + row < total) {
         float sum = part[0][row][t];
-        for (int i = 1; i < GF_MVQ_WARPS; i++)
+        for (int i = 1; i < W; i++)
             sum += part[i][row][t];
         int rr, pt = gf_mv_part(p, r0 + row, &rr);
         gf_mv_put(p, pt, 0, t, rr, sum);
@@ -1935,10 +1935,17 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else if (nt == GF_MMA_T) {
 #ifdef GPU_CUDA
+        const char *e = getenv("STRATA_GPU_MVQ_W");   /* EXPERIMENT */
+        int W = e ? atoi(e) : GF_MVQ_WARPS;
+        dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            gf_launch(gf_mvq_kernel<2>, dim3((rows + 15) / 16), GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            W == 2   ? gf_launch(gf_mvq_kernel<2, 2>, grid, 2 * GPU_WARP, 0, s, p)
+            : W == 4 ? gf_launch(gf_mvq_kernel<2, 4>, grid, 4 * GPU_WARP, 0, s, p)
+                     : gf_launch(gf_mvq_kernel<2, 8>, grid, 8 * GPU_WARP, 0, s, p);
         else
-            gf_launch(gf_mvq_kernel<1>, dim3((rows + 15) / 16), GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            W == 2   ? gf_launch(gf_mvq_kernel<1, 2>, grid, 2 * GPU_WARP, 0, s, p)
+            : W == 4 ? gf_launch(gf_mvq_kernel<1, 4>, grid, 4 * GPU_WARP, 0, s, p)
+                     : gf_launch(gf_mvq_kernel<1, 8>, grid, 8 * GPU_WARP, 0, s, p);
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
