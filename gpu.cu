@@ -974,44 +974,49 @@ __global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
             nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
                 nq[1][3] = q[0][0];   /* (the last: not used) */
         float d[2], dm[2];
+        uint32_t sc[2][4], mn[2][4];
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < 2; j++) {
             d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
 #pragma unroll
-        for (int pr = 0; pr < 4; pr++) {
-            uint32_t sc[2], mn[2];
-            gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
-            gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
+            for (int pr = 0; pr < 4; pr++)
+                gf_q4k_scales(h[j], pr, &sc[j][pr], &mn[j][pr]);
+        }
 #pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
-                uint32_t a[4];
-                a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-                a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-                a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-                a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-                float ds[2], ms[2];
+        for (int b = 0; b < NB; b++) {
+            /* the superblock's activation for this lane, all 8 sub-blocks' loads
+             * in flight together: B's token tb (8 codes a sub-block), and C's
+             * tokens t0, t0 + 1 (each block's scale x and code sum z) */
+            int tb = 8 * b + gq, t0 = 8 * b + 2 * c, NA = p.n / GF_AB;
+            int2 x[8];
+            float ax[2][8], az[2][8];
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
-                    ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
+            for (int k = 0; k < 8; k++) {
+                x[k] = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 256 * sb + 32 * k + 8 * c) : make_int2(0, 0);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const gf_ads *as = p.ads + (size_t)(t0 + i) * NA + 8 * sb + k;
+                    ax[i][k] = t0 + i < T ? as->x : 0.0f;
+                    az[i][k] = t0 + i < T ? as->z : 0.0f;
                 }
+            }
 #pragma unroll
-                for (int b = 0; b < NB; b++) {
-                    int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                    int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
-                    gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                    gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                    int dot[4] = {0, 0, 0, 0};
-                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                                 : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
-                    /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
-                    acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
-                    acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
-                    acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
-                    acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+            for (int k = 0; k < 8; k++) {   /* sub-block k: pair k/2, low nibbles when k is even */
+                int pr = k / 2, sh = 4 * (k % 2);
+                uint32_t a[4] = {((uint32_t)q[0][pr].x >> sh) & 0x0f0f0f0f, ((uint32_t)q[1][pr].x >> sh) & 0x0f0f0f0f,
+                                 ((uint32_t)q[0][pr].y >> sh) & 0x0f0f0f0f, ((uint32_t)q[1][pr].y >> sh) & 0x0f0f0f0f};
+                int dot[4] = {0, 0, 0, 0};
+                asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                    : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x[k].x), "r"(x[k].y));
+                /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int j = i / 2, u = i % 2;
+                    float ds = d[j] * (float)((sc[j][pr] >> (2 * sh)) & 0xff);
+                    float ms = dm[j] * (float)((mn[j][pr] >> (2 * sh)) & 0xff);
+                    acc[b][i] += ax[u][k] * (ds * (float)dot[i] - ms * az[u][k]);
                 }
             }
         }
@@ -1939,11 +1944,11 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
         int W = e ? atoi(e) : GF_MVQ_WARPS;
         dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            W == 2   ? gf_launch(gf_mvq_kernel<2, 2>, grid, 2 * GPU_WARP, 0, s, p)
+            W == 16  ? gf_launch(gf_mvq_kernel<2, 16>, grid, 16 * GPU_WARP, 0, s, p)
             : W == 4 ? gf_launch(gf_mvq_kernel<2, 4>, grid, 4 * GPU_WARP, 0, s, p)
                      : gf_launch(gf_mvq_kernel<2, 8>, grid, 8 * GPU_WARP, 0, s, p);
         else
-            W == 2   ? gf_launch(gf_mvq_kernel<1, 2>, grid, 2 * GPU_WARP, 0, s, p)
+            W == 16  ? gf_launch(gf_mvq_kernel<1, 16>, grid, 16 * GPU_WARP, 0, s, p)
             : W == 4 ? gf_launch(gf_mvq_kernel<1, 4>, grid, 4 * GPU_WARP, 0, s, p)
                      : gf_launch(gf_mvq_kernel<1, 8>, grid, 8 * GPU_WARP, 0, s, p);
 #endif
