@@ -925,13 +925,16 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
-/* lane's two rows gq, gq+8 of a superblock: header, and 8 code bytes of each pair */
-static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, int4 (&h)[2],
-                                                    int2 (&q)[2][4])
+/* lane's two rows gq, gq+8 of tile's 16 (past the end: the last row, not
+ * written), superblock sb: the header, and 8 code bytes of each pair */
+static __device__ __forceinline__ void gf_mvq_fetch(const gf_mv &p, int tile, int sb, int gq, int c, int total,
+                                                    int4 (&h)[2], int2 (&q)[2][4])
 {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        const uint8_t *b = w[j] + (size_t)sb * 144;
+        int r = min(tile * 16 + gq + 8 * j, total - 1), rr;
+        int pt = gf_mv_part(p, r, &rr);
+        const uint8_t *b = p.w[pt] + (size_t)rr * p.ldw + (size_t)sb * 144;
         h[j] = gf_ld_stream((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
@@ -939,25 +942,73 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
     }
 }
 
+/* superblock sb of the lane's rows (h, q) against the activation's tokens:
+ * acc[b][i] takes row gq + 8·(i/2), token 8b + 2c + i%2 */
+template <int NB>
+static __device__ __forceinline__ void gf_mvq_sb(const gf_mv &p, const int4 (&h)[2], const int2 (&q)[2][4], int sb,
+                                                 int gq, int c, float (&acc)[NB][4])
+{
+    int T = p.t_total;
+    float d[2], dm[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
+#pragma unroll
+    for (int pr = 0; pr < 4; pr++) {
+        uint32_t sc[2], mn[2];
+        gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
+        gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
+            uint32_t a[4];
+            a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+            a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+            a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+            a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+            float ds[2], ms[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
+                ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
+            }
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
+                int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
+                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                int dot[4] = {0, 0, 0, 0};
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+                acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
+                acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
+                acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
+                acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+            }
+        }
+    }
+}
+
+/* The grid is sized to the resident blocks and walks the tiles; a warp's
+ * items are (tile, k): superblock warp + k·W of each of its block's tiles in
+ * turn, and the next item's loads go out before this one's arithmetic, across
+ * tiles too. A tile's sums meet at one barrier (double-buffered, as in
+ * gf_mvk_kernel). */
 template <int NB, int W>   /* token tiles of 8; warps */
 __global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
-    __shared__ float part[W][16][8 * NB];
+    __shared__ float part[2][W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
-    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
-    const uint8_t *w[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int r = min(r0 + gq + 8 * j, total - 1), rr;   /* past the end: the last row, not written */
-        int pt = gf_mv_part(p, r, &rr);
-        w[j] = p.w[pt] + (size_t)rr * p.ldw;
-    }
+    int total = p.end[p.parts - 1], tiles = (total + 15) / 16, nsb = p.n / 256, per = (nsb + W - 1) / W;
+    int tile = blockIdx.x, k = 0;
     int4 h[2];
     int2 q[2][4];
-    int sb = warp;
-    if (sb < nsb)
-        gf_mvq_fetch(w, sb, c, h, q);
+    if (tile < tiles && warp < nsb)
+        gf_mvq_fetch(p, tile, warp, gq, c, total, h, q);
     gf_pdl_begin();
     float acc[NB][4];
 #pragma unroll
@@ -965,85 +1016,48 @@ __global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
-    for (; sb < nsb; sb += W) {
-        int4 nh[2];
-        int2 nq[2][4];
-        if (sb + W < nsb)
-            gf_mvq_fetch(w, sb + W, c, nh, nq);
-        else
-            nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
-                nq[1][3] = q[0][0];   /* (the last: not used) */
-        float d[2], dm[2];
-        uint32_t sc[2][4], mn[2][4];
+    for (int round = 0; tile < tiles;) {
+        int ntile = tile, nk = k + 1;
+        if (nk == per)
+            ntile += gridDim.x, nk = 0;
+        int4 nh[2] = {h[0], h[1]};
+        int2 nq[2][4] = {{q[0][0], q[0][1], q[0][2], q[0][3]}, {q[1][0], q[1][1], q[1][2], q[1][3]}};
+        if (ntile < tiles && warp + nk * W < nsb)
+            gf_mvq_fetch(p, ntile, warp + nk * W, gq, c, total, nh, nq);
+        if (warp + k * W < nsb)
+            gf_mvq_sb<NB>(p, h, q, warp + k * W, gq, c, acc);
+        if (nk == 0) {   /* the tile's last item: its sums meet, added in warp order */
+            float (*pr)[16][8 * NB] = part[round & 1];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
-#pragma unroll
-            for (int pr = 0; pr < 4; pr++)
-                gf_q4k_scales(h[j], pr, &sc[j][pr], &mn[j][pr]);
-        }
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            /* the superblock's activation for this lane, all 8 sub-blocks' loads
-             * in flight together: B's token tb (8 codes a sub-block), and C's
-             * tokens t0, t0 + 1 (each block's scale x and code sum z) */
-            int tb = 8 * b + gq, t0 = 8 * b + 2 * c, NA = p.n / GF_AB;
-            int2 x[8];
-            float ax[2][8], az[2][8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                x[k] = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 256 * sb + 32 * k + 8 * c) : make_int2(0, 0);
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const gf_ads *as = p.ads + (size_t)(t0 + i) * NA + 8 * sb + k;
-                    ax[i][k] = t0 + i < T ? as->x : 0.0f;
-                    az[i][k] = t0 + i < T ? as->z : 0.0f;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) {   /* sub-block k: pair k/2, low nibbles when k is even */
-                int pr = k / 2, sh = 4 * (k % 2);
-                uint32_t a[4] = {((uint32_t)q[0][pr].x >> sh) & 0x0f0f0f0f, ((uint32_t)q[1][pr].x >> sh) & 0x0f0f0f0f,
-                                 ((uint32_t)q[0][pr].y >> sh) & 0x0f0f0f0f, ((uint32_t)q[1][pr].y >> sh) & 0x0f0f0f0f};
-                int dot[4] = {0, 0, 0, 0};
-                asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                    : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x[k].x), "r"(x[k].y));
-                /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+            for (int b = 0; b < NB; b++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    int j = i / 2, u = i % 2;
-                    float ds = d[j] * (float)((sc[j][pr] >> (2 * sh)) & 0xff);
-                    float ms = dm[j] * (float)((mn[j][pr] >> (2 * sh)) & 0xff);
-                    acc[b][i] += ax[u][k] * (ds * (float)dot[i] - ms * az[u][k]);
+                    pr[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
+                    acc[b][i] = 0.0f;
                 }
+            __syncthreads();
+            int row = threadIdx.x / (8 * NB), t = threadIdx.x % (8 * NB), r = tile * 16 + row;
+            if (threadIdx.x < 16 * 8 * NB && t < p.t_total && r < total) {
+                float sum = pr[0][row][t];
+                for (int i = 1; i < W; i++)
+                    sum += pr[i][row][t];
+                int rr, pt = gf_mv_part(p, r, &rr);
+                gf_mv_put(p, pt, 0, t, rr, sum);
             }
+            round++;
         }
+        tile = ntile, k = nk;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             h[j] = nh[j];
 #pragma unroll
-            for (int pr = 0; pr < 4; pr++)
-                q[j][pr] = nq[j][pr];
+            for (int i = 0; i < 4; i++)
+                q[j][i] = nq[j][i];
         }
-    }
-#pragma unroll
-    for (int b = 0; b < NB; b++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            part[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
-    __syncthreads();
-    int row = threadIdx.x / (8 * NB), t = threadIdx.x % (8 * NB);
-    if (threadIdx.x < 16 * 8 * NB && t < T && r0 + row < total) {
-        float sum = part[0][row][t];
-        for (int i = 1; i < W; i++)
-            sum += part[i][row][t];
-        int rr, pt = gf_mv_part(p, r0 + row, &rr);
-        gf_mv_put(p, pt, 0, t, rr, sum);
     }
 #endif
 }
+
 #endif
 
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
@@ -1917,6 +1931,22 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, 0, s, p);
 }
 
+#ifdef GPU_CUDA
+/* the grid: the blocks resident at once (asked once per kernel), at most a block a tile */
+template <int NB, int W>
+static void gf_mvq_launch(const gf_mv &p, gpuStream_t s)
+{
+    void (*k)(gf_mv) = gf_mvq_kernel<NB, W>;
+    static int per_sm;
+    int sms = gf_sms(), b = 0, tiles = (p.end[p.parts - 1] + 15) / 16;
+    if (!per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, W * GPU_WARP, 0) == gpuSuccess &&
+        b > 0)
+        per_sm = b;
+    int blocks = per_sm ? sms * per_sm : tiles;
+    gf_launch(k, dim3(blocks < tiles ? blocks : tiles), W * GPU_WARP, 0, s, p);
+}
+#endif
+
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
 static int gf_mvk_takes(int type, int n, int *UL, int *S)
 {
@@ -1942,15 +1972,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 #ifdef GPU_CUDA
         const char *e = getenv("STRATA_GPU_MVQ_W");   /* EXPERIMENT */
         int W = e ? atoi(e) : GF_MVQ_WARPS;
-        dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            W == 16  ? gf_launch(gf_mvq_kernel<2, 16>, grid, 16 * GPU_WARP, 0, s, p)
-            : W == 4 ? gf_launch(gf_mvq_kernel<2, 4>, grid, 4 * GPU_WARP, 0, s, p)
-                     : gf_launch(gf_mvq_kernel<2, 8>, grid, 8 * GPU_WARP, 0, s, p);
+            W == 4 ? gf_mvq_launch<2, 4>(p, s) : gf_mvq_launch<2, 8>(p, s);
         else
-            W == 16  ? gf_launch(gf_mvq_kernel<1, 16>, grid, 16 * GPU_WARP, 0, s, p)
-            : W == 4 ? gf_launch(gf_mvq_kernel<1, 4>, grid, 4 * GPU_WARP, 0, s, p)
-                     : gf_launch(gf_mvq_kernel<1, 8>, grid, 8 * GPU_WARP, 0, s, p);
+            W == 4 ? gf_mvq_launch<1, 4>(p, s) : gf_mvq_launch<1, 8>(p, s);
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
