@@ -5,12 +5,15 @@
  * device in blocks of 32), norms, RoPE, SwiGLU, MoE routing and expert
  * selection on the device, residuals, logits; gpu_kv_store (f32 rows into
  * kv.c's cell formats, byte for byte as kv_store writes them); KV page
- * memory (gpu_kv_mem); the decode step captured once per context as a graph.
- * Prompt matrix products go to gpu_gemm.cu where it takes the type, else to
- * the matrix-vector kernels over batches of tokens (STRATA_GPU_NO_GEMM=1
- * forces that); STRATA_GPU_NO_GRAPH=1 runs decode without the graph,
+ * memory (gpu_kv_mem); the decode step captured once per context as a graph,
+ * and a step of up to 16 sequences (gpu_eval_batch) as one pass, a graph for
+ * each batch size. Products of more than 16 rows go to gpu_gemm.cu where it
+ * takes the type, else to the matrix-vector kernels over batches of tokens
+ * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K to tensor cores
+ * (gf_mvq_kernel). STRATA_GPU_NO_GRAPH=1 runs decode without the graph,
  * STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
- * STRATA_GPU_MV_OLD=1 with the staged decode kernel for Q4_K too, and
+ * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel and
+ * gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
  * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
  * time through the matrix-vector kernels instead of gpu_gemm (A/B).
  * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
@@ -27,7 +30,7 @@
 
 #define GF_AB 32          /* activation block: int8 codes with one scale */
 #define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
-#define GF_NT 8           /* tokens per weight read in the prompt fallback */
+#define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
 #define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
 
 /* One activation block's scales: x = d (the f16-rounded scale, as quant.c's
@@ -925,16 +928,13 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
-/* lane's two rows gq, gq+8 of tile's 16 (past the end: the last row, not
- * written), superblock sb: the header, and 8 code bytes of each pair */
-static __device__ __forceinline__ void gf_mvq_fetch(const gf_mv &p, int tile, int sb, int gq, int c, int total,
-                                                    int4 (&h)[2], int2 (&q)[2][4])
+/* lane's two rows gq, gq+8 of a superblock: header, and 8 code bytes of each pair */
+static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, int4 (&h)[2],
+                                                    int2 (&q)[2][4])
 {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        int r = min(tile * 16 + gq + 8 * j, total - 1), rr;
-        int pt = gf_mv_part(p, r, &rr);
-        const uint8_t *b = p.w[pt] + (size_t)rr * p.ldw + (size_t)sb * 144;
+        const uint8_t *b = w[j] + (size_t)sb * 144;
         h[j] = gf_ld_stream((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
@@ -942,73 +942,26 @@ static __device__ __forceinline__ void gf_mvq_fetch(const gf_mv &p, int tile, in
     }
 }
 
-/* superblock sb of the lane's rows (h, q) against the activation's tokens:
- * acc[b][i] takes row gq + 8·(i/2), token 8b + 2c + i%2 */
-template <int NB>
-static __device__ __forceinline__ void gf_mvq_sb(const gf_mv &p, const int4 (&h)[2], const int2 (&q)[2][4], int sb,
-                                                 int gq, int c, float (&acc)[NB][4])
-{
-    int T = p.t_total;
-    float d[2], dm[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-        d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
-#pragma unroll
-    for (int pr = 0; pr < 4; pr++) {
-        uint32_t sc[2], mn[2];
-        gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
-        gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++) {
-            int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
-            uint32_t a[4];
-            a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-            a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-            a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-            a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-            float ds[2], ms[2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
-                ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
-            }
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
-                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                int dot[4] = {0, 0, 0, 0};
-                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
-                acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
-                acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
-                acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
-                acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
-            }
-        }
-    }
-}
-
-/* The grid is sized to the resident blocks and walks the tiles; a warp's
- * items are (tile, k): superblock warp + k·W of each of its block's tiles in
- * turn, and the next item's loads go out before this one's arithmetic, across
- * tiles too. A tile's sums meet at one barrier (double-buffered, as in
- * gf_mvk_kernel). */
-template <int NB, int W>   /* token tiles of 8; warps */
-__global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
+template <int NB>   /* token tiles of 8 */
+__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
-    __shared__ float part[2][W][16][8 * NB];
+    enum { W = GF_MVQ_WARPS };
+    __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
-    int total = p.end[p.parts - 1], tiles = (total + 15) / 16, nsb = p.n / 256, per = (nsb + W - 1) / W;
-    int tile = blockIdx.x, k = 0;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
+    const uint8_t *w[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int r = min(r0 + gq + 8 * j, total - 1), rr;   /* past the end: the last row, not written */
+        int pt = gf_mv_part(p, r, &rr);
+        w[j] = p.w[pt] + (size_t)rr * p.ldw;
+    }
     int4 h[2];
     int2 q[2][4];
-    if (tile < tiles && warp < nsb)
-        gf_mvq_fetch(p, tile, warp, gq, c, total, h, q);
+    int sb = warp;
+    if (sb < nsb)
+        gf_mvq_fetch(w, sb, c, h, q);
     gf_pdl_begin();
     float acc[NB][4];
 #pragma unroll
@@ -1016,48 +969,82 @@ __global__ void __launch_bounds__(W * GPU_WARP) gf_mvq_kernel(gf_mv p)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
-    for (int round = 0; tile < tiles;) {
-        int ntile = tile, nk = k + 1;
-        if (nk == per)
-            ntile += gridDim.x, nk = 0;
-        int4 nh[2] = {h[0], h[1]};
-        int2 nq[2][4] = {{q[0][0], q[0][1], q[0][2], q[0][3]}, {q[1][0], q[1][1], q[1][2], q[1][3]}};
-        if (ntile < tiles && warp + nk * W < nsb)
-            gf_mvq_fetch(p, ntile, warp + nk * W, gq, c, total, nh, nq);
-        if (warp + k * W < nsb)
-            gf_mvq_sb<NB>(p, h, q, warp + k * W, gq, c, acc);
-        if (nk == 0) {   /* the tile's last item: its sums meet, added in warp order */
-            float (*pr)[16][8 * NB] = part[round & 1];
+    for (; sb < nsb; sb += W) {
+        int4 nh[2];
+        int2 nq[2][4];
+        if (sb + W < nsb)
+            gf_mvq_fetch(w, sb + W, c, nh, nq);
+        else
+            nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
+                nq[1][3] = q[0][0];   /* (the last: not used) */
+        float d[2], dm[2];
 #pragma unroll
-            for (int b = 0; b < NB; b++)
+        for (int j = 0; j < 2; j++)
+            d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    pr[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
-                    acc[b][i] = 0.0f;
+        for (int pr = 0; pr < 4; pr++) {
+            uint32_t sc[2], mn[2];
+            gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
+            gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
+                uint32_t a[4];
+                a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+                a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
+                a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+                a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
+                float ds[2], ms[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
+                    ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
                 }
-            __syncthreads();
-            int row = threadIdx.x / (8 * NB), t = threadIdx.x % (8 * NB), r = tile * 16 + row;
-            if (threadIdx.x < 16 * 8 * NB && t < p.t_total && r < total) {
-                float sum = pr[0][row][t];
-                for (int i = 1; i < W; i++)
-                    sum += pr[i][row][t];
-                int rr, pt = gf_mv_part(p, r, &rr);
-                gf_mv_put(p, pt, 0, t, rr, sum);
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
+                    int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
+                    gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                    gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                    int dot[4] = {0, 0, 0, 0};
+                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                 : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+                    /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+                    acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
+                    acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
+                    acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
+                    acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+                }
             }
-            round++;
         }
-        tile = ntile, k = nk;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             h[j] = nh[j];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                q[j][i] = nq[j][i];
+            for (int pr = 0; pr < 4; pr++)
+                q[j][pr] = nq[j][pr];
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            part[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * 8 * NB; o += blockDim.x) {
+        int row = o / (8 * NB), t = o % (8 * NB);
+        if (t < T && r0 + row < total) {
+            float sum = part[0][row][t];
+            for (int i = 1; i < W; i++)
+                sum += part[i][row][t];
+            int rr, pt = gf_mv_part(p, r0 + row, &rr);
+            gf_mv_put(p, pt, 0, t, rr, sum);
         }
     }
 #endif
 }
-
 #endif
 
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
@@ -1931,22 +1918,6 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, 0, s, p);
 }
 
-#ifdef GPU_CUDA
-/* the grid: the blocks resident at once (asked once per kernel), at most a block a tile */
-template <int NB, int W>
-static void gf_mvq_launch(const gf_mv &p, gpuStream_t s)
-{
-    void (*k)(gf_mv) = gf_mvq_kernel<NB, W>;
-    static int per_sm;
-    int sms = gf_sms(), b = 0, tiles = (p.end[p.parts - 1] + 15) / 16;
-    if (!per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, W * GPU_WARP, 0) == gpuSuccess &&
-        b > 0)
-        per_sm = b;
-    int blocks = per_sm ? sms * per_sm : tiles;
-    gf_launch(k, dim3(blocks < tiles ? blocks : tiles), W * GPU_WARP, 0, s, p);
-}
-#endif
-
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
 static int gf_mvk_takes(int type, int n, int *UL, int *S)
 {
@@ -1970,12 +1941,11 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else if (nt == GF_MMA_T) {
 #ifdef GPU_CUDA
-        const char *e = getenv("STRATA_GPU_MVQ_W");   /* EXPERIMENT */
-        int W = e ? atoi(e) : GF_MVQ_WARPS;
+        dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            W == 4 ? gf_mvq_launch<2, 4>(p, s) : gf_mvq_launch<2, 8>(p, s);
+            gf_launch(gf_mvq_kernel<2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
         else
-            W == 4 ? gf_mvq_launch<1, 4>(p, s) : gf_mvq_launch<1, 8>(p, s);
+            gf_launch(gf_mvq_kernel<1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
@@ -2077,7 +2047,11 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         gf_mv p;
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
-        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : GF_NT;
+        /* up to GF_DECODE_T rows (a batch step, a short prompt): Q4_K on
+         * tensor cores, other types as one-row groups of the decode kernels
+         * (1.4-1.8x gf_mv_kernel's 8-row blocks, BENCH.md); longer: 8-row blocks */
+        int small = T <= GF_DECODE_T && !gf_env("STRATA_GPU_MV_OLD");
+        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : small ? 1 : GF_NT;
         p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
         p.aq = c->aq, p.ads = c->ads, p.af = af;
         p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
