@@ -2047,11 +2047,13 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         gf_mv p;
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
-        /* up to GF_DECODE_T rows (a batch step, a short prompt): Q4_K on
-         * tensor cores, other types as one-row groups of the decode kernels
-         * (1.4-1.8x gf_mv_kernel's 8-row blocks, BENCH.md); longer: 8-row blocks */
-        int small = T <= GF_DECODE_T && !gf_env("STRATA_GPU_MV_OLD");
-        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : small ? 1 : GF_NT;
+        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K on tensor
+         * cores; else as one-row groups of the decode kernels where those beat
+         * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
+         * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
+         * 4 or 8); else 8-row blocks */
+        int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
+        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
         p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
         p.aq = c->aq, p.ads = c->ads, p.af = af;
         p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
