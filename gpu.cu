@@ -923,7 +923,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * block's GF_MVQ_WARPS warps share one 16-row tile and take its superblocks
  * in turn; their sums meet in shared memory, added in warp order. The next
  * superblock's loads go out before this one's arithmetic, and the first's
- * before the kernel waits for the one ahead (weights are no kernel's output). */
+ * before the kernel waits for the one ahead (weights are no kernel's output).
+ * 2, 4 or 16 warps a tile, persistent blocks walking the tiles, and a
+ * superblock's activation loads all in flight at once were each measured no
+ * faster on the H200 (BENCH.md). */
 #define GF_MMA_T 16     /* gf_matmul_n's nt for gf_mvq_kernel: up to 16 rows, one group */
 #define GF_MVQ_WARPS 8
 
