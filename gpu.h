@@ -160,9 +160,9 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
                     const float *b, float *y, char *err, size_t errlen);
 /* Microseconds per product of `rows` rows of n columns of a quantised type
  * (hashed bytes) with T activation rows (1: a decode step; up to 16: a
- * batch step), as the pass runs it (the activation quantised too): the median of 5 batches of reps calls queued
- * back to back, the weights rotated through copies larger than L2 (< 0:
- * error). */
+ * batch step), as the pass runs it (the activation quantised too): the
+ * median of 5 batches of reps calls queued back to back, the weights
+ * rotated through copies larger than L2 (< 0: error). */
 double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, size_t errlen);
 /* One pass over the n tokens at cells pos .. pos + n - 1 (the sequence's
  * last; n = 1: a decode step) run without the graph after a pause that lets
