@@ -931,6 +931,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800   /* (the kernel is empty below sm_80) */
 /* lane's two rows gq, gq+8 of a superblock: header, and 8 code bytes of each pair */
 static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, int4 (&h)[2],
                                                     int2 (&q)[2][4])
@@ -944,6 +945,7 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
             q[j][pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
     }
 }
+#endif
 
 template <int NB>   /* token tiles of 8 */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
