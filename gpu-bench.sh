@@ -17,7 +17,7 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
-# Q4_K decode kernels alone), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B
+# Q4_K products alone, at 1..16 rows; ncu-mv: Nsight Compute's counters of two of them), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B
 # Q4_K shape)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
@@ -102,6 +102,15 @@ for step in "$@"; do
     profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     profile-moe) STRATA_GPU_BENCH=moe "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
+    ncu-mv) # the hardware counters of one 8B gate+up product: gf_mvk_kernel with one row (the mv
+        # step's 41st launch of it), gf_mvq_kernel with 8 (its 281st: after 120 at 2 rows, 120 at 4)
+        for k in gf_mvk_kernel:40 gf_mvq_kernel:280; do
+            STRATA_GPU_BENCH=mv /usr/local/cuda/bin/ncu --clock-control none --kernel-name "regex:${k%:*}" \
+                --launch-skip "${k#*:}" --launch-count 1 --section SpeedOfLight --section Occupancy \
+                --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+                --section ComputeWorkloadAnalysis --section LaunchStats "$B/test" gpu/mv/ 2>&1 |
+                grep -vE '^\s*$|^==PROF==|^  Q4_K'
+        done ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
