@@ -67,7 +67,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
     /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K, one-row
      * groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
-        {1, GPU_TEST_PLAIN, "x"},     {2, GPU_TEST_PLAIN, "x"},        {TMAX, GPU_TEST_PLAIN, "x"},
+        {1, GPU_TEST_PLAIN, "x"},   {2, GPU_TEST_PLAIN, "x"},        {TMAX, GPU_TEST_PLAIN, "x"},
         {1, GPU_TEST_NORM, "norm"}, {1, GPU_TEST_SWIGLU, "swiglu"}};
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         int T = runs[k].T, mode = runs[k].mode;
