@@ -1961,13 +1961,14 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 /* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
 static int gf_mvq_takes(int type, int n, int T)
 {
-    int arch = 0, sms = 0;
 #ifdef GPU_CUDA
-    if (type == QT_Q4_K && n % 256 == 0 && T > 1 && T <= GF_MMA_T && !gf_env("STRATA_GPU_MV_OLD"))
-        return gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
-#endif
-    (void)type, (void)n, (void)T, (void)arch, (void)sms;
+    int arch = 0, sms = 0;
+    return type == QT_Q4_K && n % 256 == 0 && T > 1 && T <= GF_MMA_T && !gf_env("STRATA_GPU_MV_OLD") &&
+           gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
+#else
+    (void)type, (void)n, (void)T;   /* no tensor-core kernel in a HIP build */
     return 0;
+#endif
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
