@@ -907,7 +907,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
-/* ==== the batched Q4_K kernel: tensor cores (CUDA sm_80+) ====
+/* ==== the batched Q4_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
  * A step of several sequences (gpu_eval_batch) multiplies each matrix by
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
  * again for each weight unit, from L1, and each row cost about as much as a
@@ -931,23 +931,71 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800   /* (the kernel is empty below sm_80) */
-/* lane's two rows gq, gq+8 of a superblock: header, and 8 code bytes of each pair */
-static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, int4 (&h)[2],
-                                                    int2 (&q)[2][4])
-{
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const uint8_t *b = w[j] + (size_t)sb * 144;
-        h[j] = gf_ld_stream((const int4 *)b);
+/* The weight formats gf_mvq_kernel takes: a row's 256 columns at b (SB
+ * bytes), the lane's share (c = lane % 4) loaded by fetch; sub(k) gives
+ * sub-block k's codes at columns 8c..8c+3 (lo) and 8c+4..8c+7 (hi), its
+ * scale and (MIN) its min, both multiplied out. */
+struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each pair */
+    enum { SB = 144, MIN = 1 };
+    int4 h;
+    int2 q[4];
+    __device__ void fetch(const uint8_t *b, int c) {
+        h = gf_ld_stream((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
-            q[j][pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
+            q[pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
     }
-}
-#endif
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        int pr = k / 2, sh = 4 * (k % 2);   /* low nibbles: the pair's first sub-block */
+        uint32_t sc, mn;
+        gf_q4k_scales(h, pr, &sc, &mn);
+        *lo = ((uint32_t)q[pr].x >> sh) & 0x0f0f0f0f;
+        *hi = ((uint32_t)q[pr].y >> sh) & 0x0f0f0f0f;
+        *ds = gf_h2f((uint16_t)((uint32_t)h.x & 0xffff)) * (float)((sc >> (2 * sh)) & 0xff);
+        *ms = gf_h2f((uint16_t)((uint32_t)h.x >> 16)) * (float)((mn >> (2 * sh)) & 0xff);
+    }
+};
 
-template <int NB>   /* token tiles of 8 */
+struct gf_mvq_q8_0 {   /* eight blocks of 34 bytes: each one's scale, and 8 of its codes */
+    enum { SB = 272, MIN = 0 };
+    uint32_t w[8][2];
+    float d[8];
+    __device__ void fetch(const uint8_t *b, int c) {
+        /* (b is 16-aligned: block k's codes from 8c lie 4-aligned for odd k,
+         * 2 bytes off for even k, cut out of three aligned words) */
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *bk = b + 34 * k;
+            d[k] = gf_h2f(gf_ld16(bk));
+            if (k % 2) {
+                const uint32_t *a = (const uint32_t *)(bk + 2 + 8 * c);
+                w[k][0] = a[0], w[k][1] = a[1];
+            } else {
+                const uint32_t *a = (const uint32_t *)(bk + 8 * c);
+                uint32_t x0 = a[0], x1 = a[1], x2 = a[2];
+                w[k][0] = __funnelshift_r(x0, x1, 16), w[k][1] = __funnelshift_r(x1, x2, 16);
+            }
+        }
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        *lo = w[k][0], *hi = w[k][1], *ds = d[k], *ms = 0.0f;
+    }
+};
+
+/* the format of a unit struct above (only those gf_mvq_takes reach the kernel) */
+template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
+template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
+
+/* lane's two rows (w: their starts), superblock sb */
+template <class F>
+static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, F (&f)[2])
+{
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        f[j].fetch(w[j] + (size_t)sb * F::SB, c);
+}
+
+template <class F, int NB>   /* the weight format; token tiles of 8 */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
@@ -955,18 +1003,17 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
     __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
     int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
-    const uint8_t *w[2];
+    const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        int r = min(r0 + gq + 8 * j, total - 1), rr;   /* past the end: the last row, not written */
+        int r = min(r0 + gq + 8 * j, total - 1), rr;
         int pt = gf_mv_part(p, r, &rr);
         w[j] = p.w[pt] + (size_t)rr * p.ldw;
     }
-    int4 h[2];
-    int2 q[2][4];
+    F f[2];
     int sb = warp;
     if (sb < nsb)
-        gf_mvq_fetch(w, sb, c, h, q);
+        gf_mvq_fetch(w, sb, c, f);
     gf_pdl_begin();
     float acc[NB][4];
 #pragma unroll
@@ -975,62 +1022,44 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
     for (; sb < nsb; sb += W) {
-        int4 nh[2];
-        int2 nq[2][4];
+        F nf[2];
         if (sb + W < nsb)
-            gf_mvq_fetch(w, sb + W, c, nh, nq);
+            gf_mvq_fetch(w, sb + W, c, nf);
         else
-            nh[0] = nh[1] = h[0], nq[0][0] = nq[0][1] = nq[0][2] = nq[0][3] = nq[1][0] = nq[1][1] = nq[1][2] =
-                nq[1][3] = q[0][0];   /* (the last: not used) */
-        float d[2], dm[2];
+            nf[0] = nf[1] = f[0];   /* (the last: not used) */
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            d[j] = gf_h2f((uint16_t)((uint32_t)h[j].x & 0xffff)), dm[j] = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
+        for (int k = 0; k < 8; k++) {
+            int s = 8 * sb + k;   /* the sub-block: the activation's block */
+            uint32_t a[4];
+            float ds[2], ms[2];
+            f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
+            f[1].sub(k, &a[1], &a[3], &ds[1], &ms[1]);
 #pragma unroll
-        for (int pr = 0; pr < 4; pr++) {
-            uint32_t sc[2], mn[2];
-            gf_q4k_scales(h[0], pr, &sc[0], &mn[0]);
-            gf_q4k_scales(h[1], pr, &sc[1], &mn[1]);
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                int s = 8 * sb + 2 * pr + hi;   /* the sub-block: the activation's block */
-                uint32_t a[4];
-                a[0] = ((uint32_t)q[0][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-                a[1] = ((uint32_t)q[1][pr].x >> (4 * hi)) & 0x0f0f0f0f;
-                a[2] = ((uint32_t)q[0][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-                a[3] = ((uint32_t)q[1][pr].y >> (4 * hi)) & 0x0f0f0f0f;
-                float ds[2], ms[2];
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    ds[j] = d[j] * (float)((sc[j] >> (8 * hi)) & 0xff);
-                    ms[j] = dm[j] * (float)((mn[j] >> (8 * hi)) & 0xff);
-                }
-#pragma unroll
-                for (int b = 0; b < NB; b++) {
-                    int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                    int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
-                    gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                    gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                    int dot[4] = {0, 0, 0, 0};
-                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                                 : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
-                    /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+            for (int b = 0; b < NB; b++) {
+                int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
+                int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
+                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                int dot[4] = {0, 0, 0, 0};
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+                /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+                if (F::MIN) {
                     acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
                     acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
                     acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
                     acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+                } else {
+                    acc[b][0] += x0.x * (ds[0] * (float)dot[0]);
+                    acc[b][1] += x1.x * (ds[0] * (float)dot[1]);
+                    acc[b][2] += x0.x * (ds[1] * (float)dot[2]);
+                    acc[b][3] += x1.x * (ds[1] * (float)dot[3]);
                 }
             }
         }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            h[j] = nh[j];
-#pragma unroll
-            for (int pr = 0; pr < 4; pr++)
-                q[j][pr] = nq[j][pr];
-        }
+        f[0] = nf[0], f[1] = nf[1];
     }
 #pragma unroll
     for (int b = 0; b < NB; b++)
@@ -1946,11 +1975,12 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else if (nt == GF_MMA_T) {
 #ifdef GPU_CUDA
+        typedef typename gf_mvq_of<Q>::F F;
         dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            gf_launch(gf_mvq_kernel<2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            gf_launch(gf_mvq_kernel<F, 2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
         else
-            gf_launch(gf_mvq_kernel<1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            gf_launch(gf_mvq_kernel<F, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
@@ -1963,8 +1993,8 @@ static int gf_mvq_takes(int type, int n, int T)
 {
 #ifdef GPU_CUDA
     int arch = 0, sms = 0;
-    return type == QT_Q4_K && n % 256 == 0 && T > 1 && T <= GF_MMA_T && !gf_env("STRATA_GPU_MV_OLD") &&
-           gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
+    return (type == QT_Q4_K || type == QT_Q8_0) && n % 256 == 0 && T > 1 && T <= GF_MMA_T &&
+           !gf_env("STRATA_GPU_MV_OLD") && gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
 #else
     (void)type, (void)n, (void)T;   /* no tensor-core kernel in a HIP build */
     return 0;
@@ -2053,7 +2083,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         gf_mv p;
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
-        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K on tensor
+        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K and Q8_0 on tensor
          * cores; else as one-row groups of the decode kernels where those beat
          * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
          * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at

@@ -64,7 +64,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
         gw[i] = 0.5f + test_randf(&seed) * 0.5f;
     for (int i = 0; i < N * TMAX; i++)
         u[i] = test_randf(&seed);
-    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K, one-row
+    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K and Q8_0 at widths of 256s, one-row
      * groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
         {1, GPU_TEST_PLAIN, "x"},   {2, GPU_TEST_PLAIN, "x"},        {TMAX, GPU_TEST_PLAIN, "x"},
@@ -822,6 +822,8 @@ void test_gpu(void)
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
         }
+        if (types[i] == QT_Q8_0)   /* a width of 256s: gf_mvq_kernel's batch products */
+            tg_matvec_type(types[i], 5120, 67);
     }
     tg_kv_store();
     tg_demo();
