@@ -92,6 +92,7 @@ struct ak_args {
     float *ml, *acc; /* split partials (S, TH, 2) and (S, TH, E); NULL: final output */
     int8_t *out_q;   /* ak_dec: the output also as int8 blocks of 32 (gpu_attn's out_q), or NULL */
     float4 *out_ds;
+    int out_bt;      /* their layout (gpu_attn's out_bt) */
     int plen;        /* entries per partition (unit == 0) */
     int S;           /* partitions in the grid (ak_dec) */
     int unit;        /* ak_dec: > 0, partitions sized on the device from the live
@@ -194,6 +195,7 @@ struct akm_args {
     const int32_t *pos0;
     const int64_t *sel_off;
     int settled;   /* gpu_attn's */
+    int out_bt;    /* gpu_attn's */
 };
 
 /* Row o of the output from its S partials (one block per row): weights
@@ -209,16 +211,18 @@ struct akm_args {
 /* Output element i = y, also into the int8 blocks q / ds (gpu_quant.h's
  * encoder) when q is set: the calling warp holds one block of 32, element i
  * in lane i % 32. */
-static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float4 *ds, size_t i, float y)
+static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float4 *ds, size_t i, float y, int n,
+                                                    int bt)
 {
     out[i] = y;
     if (q) {
         const float v[1] = {y};
         int c[1];
         float4 sc = gq_q8_act<1>(v, c);
-        q[i] = (int8_t)c[0];
+        size_t j = gq_act_at(i, n, bt);   /* (rows of n = H·E) */
+        q[j] = (int8_t)c[0];
         if (i % 32 == 0)
-            ds[i / 32] = sc;
+            ds[j / 32] = sc;
     }
 }
 
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         float x = 0.0f;
         for (int w = 0; w < AK_MERGE_W; w++)
             x += part[w][e];
-        ak_store_out(out, m.out_q, m.out_ds, (size_t)o * E + e, x * inv);
+        ak_store_out(out, m.out_q, m.out_ds, (size_t)o * E + e, x * inv, m.H * E, m.out_bt);
     }
 }
 
@@ -1405,7 +1409,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             acc = fmaf(wt, ow[(v * NR + r) * E + e], acc);
         }
         if (direct) {   /* (a warp's 32 idx: one block of 32 of a row) */
-            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc * (L > 0.0f ? 1.0f / L : 0.0f));
+            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc * (L > 0.0f ? 1.0f / L : 0.0f),
+                         a.H * E, a.out_bt);
             continue;
         }
         size_t row = (size_t)s * TH + out_row(r);
@@ -1594,7 +1599,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1790,7 +1795,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     a.S = S;
     a.unit = cf.dyn ? cs * nw : 0;
     a.pgreg = cf.pgreg;
-    a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds;
+    a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
     GPU_TRY(cudaFuncSetAttribute((const void *)ak_merge, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cf.mc ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault),
             err, errlen);
@@ -1806,7 +1811,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
-                  g->pos0, g->sel_off, g->settled};
+                  g->pos0, g->sel_off, g->settled, g->out_bt};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }

@@ -400,6 +400,7 @@ struct gf_mv {
     const int32_t *ids;
     const int8_t *aq;       /* (rows, n) codes */
     const gf_ads *ads;      /* (rows, n/32) */
+    int bt;                 /* their layout: gq_act_at's (0 but for gf_mvq_kernel) */
     const float *af;        /* (rows, n) f32, for float weights */
     int a_div, a_g, t_total;
     int accumulate;
@@ -918,7 +919,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
  * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
  * each 64-column pair (low nibbles the pair's first sub-block, high its
- * second) and its activation 8 contiguous bytes. Each sub-block's integer
+ * second) and its activation 8 contiguous bytes, which the activation's
+ * layout (gf_act_bt) puts side by side for the 8 tokens: 256 bytes, two L1
+ * wavefronts, where rows one after another cost one a token (run 1 of the
+ * twelfth pass found the kernel L1-bound). Each sub-block's integer
  * dot is scaled in f32 as gf_q4k_pair does: ad·(d·sc·dot − dmin·m·Σa). A
  * block's GF_MVQ_WARPS warps share one 16-row tile and take its superblocks
  * in turn; their sums meet in shared memory, added in warp order. The next
@@ -986,6 +990,12 @@ struct gf_mvq_q8_0 {   /* eight blocks of 34 bytes: each one's scale, and 8 of i
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
 
+/* block s of activation row t, in the layout p.bt (gq_act_at) */
+static __device__ __forceinline__ size_t gf_act_blk(const gf_mv &p, int t, int s)
+{
+    return p.bt ? (size_t)s * p.bt + t : (size_t)t * (p.n / GF_AB) + s;
+}
+
 /* lane's two rows (w: their starts), superblock sb */
 template <class F>
 static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, F (&f)[2])
@@ -1037,9 +1047,9 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                int2 x = tb < T ? *(const int2 *)(p.aq + (size_t)tb * p.n + 32 * s + 8 * c) : make_int2(0, 0);
-                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
-                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * (p.n / GF_AB) + s] : make_float4(0, 0, 0, 0);
+                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * gf_act_blk(p, tb, s) + 8 * c) : make_int2(0, 0);
+                gf_ads x0 = t0 < T ? p.ads[gf_act_blk(p, t0, s)] : make_float4(0, 0, 0, 0);
+                gf_ads x1 = t0 + 1 < T ? p.ads[gf_act_blk(p, t0 + 1, s)] : make_float4(0, 0, 0, 0);
                 int dot[4] = {0, 0, 0, 0};
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -1108,14 +1118,16 @@ static __device__ double gf_block_sum(double v)
  * may be x) and as int8 blocks of 32 the way quant.c's Q8_0/Q8_1 quantise
  * (d = amax/127 stored as f16, multiplier 127/amax, round to nearest even).
  * Each thread takes 4 elements (one 16-byte load), 8 threads a block of 32;
- * a row is spread over blocks of GF_ACT_CHUNK elements (blockIdx.y). */
+ * a row is spread over blocks of GF_ACT_CHUNK elements (blockIdx.y). The
+ * blocks go where gq_act_at's layout bt puts them (gf_act_bt). */
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 #define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
-                                                                float eps, int n, float *yf, int8_t *q, gf_ads *ds)
+                                                                float eps, int n, float *yf, int8_t *q, gf_ads *ds,
+                                                                int bt)
 {
     /* the norm's weights are no kernel's output: loaded before the wait */
     int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
@@ -1165,10 +1177,10 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
         return;
     if (yf)
         ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
-    ((char4 *)(q + row * n))[i4] = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2],
-                                              (signed char)qi[3]);
+    size_t at = gq_act_at(row * n + 4 * (size_t)i4, n, bt);
+    *(char4 *)(q + at) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
     if (i4 % (GF_AB / 4) == 0)
-        ds[row * (n / GF_AB) + i4 / (GF_AB / 4)] = sc;
+        ds[at / GF_AB] = sc;
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1592,6 +1604,7 @@ struct gpu_ctx {
     float *x, *xn, *tmp, *q, *k, *v, *ao, *gt, *up, *eo, *router, *selw, *logits;
     int8_t *aq;
     gf_ads *ads;
+    int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
@@ -2027,18 +2040,18 @@ static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_
 
 /* Activation rows (T, n) into the int8 blocks (and f32 into yf). */
 static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, const float *w, float eps, int n,
-                  int T, float *yf, int8_t *q, gf_ads *ds, char *err, size_t errlen)
+                  int T, int bt, float *yf, int8_t *q, gf_ads *ds, char *err, size_t errlen)
 {
     if (T <= 0)
         return 0;
     int threads = GF_ACT_THREADS;
     dim3 grid(T, (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK);
     if (mode == GF_ACT_NORM)
-        gf_launch(gf_act_kernel<GF_ACT_NORM>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_NORM>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     else if (mode == GF_ACT_SWIGLU)
-        gf_launch(gf_act_kernel<GF_ACT_SWIGLU>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_SWIGLU>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     else
-        gf_launch(gf_act_kernel<GF_ACT_PLAIN>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds);
+        gf_launch(gf_act_kernel<GF_ACT_PLAIN>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 }
@@ -2050,6 +2063,19 @@ struct gf_out {
     size_t ldy;
     const float *bias;
 };
+
+/* The layout (gq_act_at's bt) in which the int8 activation of T rows is
+ * written for the products o: the rows' blocks side by side where every one
+ * of them is a batch product of gf_mvq_kernel, else row after row, the
+ * layout every other kernel reads. Each writer of c->aq sets c->abt to it
+ * for the products that read what it writes. */
+static int gf_act_bt(const struct gf_out *o, int n_out, int T)
+{
+    for (int i = 0; i < n_out; i++)
+        if (!gf_mvq_takes(o[i].w->type, o[i].w->n, T))
+            return 0;
+    return T;
+}
 
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
@@ -2090,8 +2116,11 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
          * 4 or 8); else 8-row blocks */
         int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
         int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
+        if (c->abt && nt != GF_MMA_T)   /* (a writer's gf_act_bt over other products than these) */
+            return strata_errf(err, errlen, "GPU: a %s product reads an activation laid out for batch products",
+                               gguf_type_name(w->type));
         p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
-        p.aq = c->aq, p.ads = c->ads, p.af = af;
+        p.aq = c->aq, p.ads = c->ads, p.bt = c->abt, p.af = af;
         p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
         for (int j = i; j < n_out; j++) {
             const struct gf_mat *wj = o[j].w;
@@ -2185,7 +2214,7 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     a.max_cells = c->max_cells, a.scale = 1.0f / sqrtf((float)hp->head_dim), a.scratch = c->attn_scratch;
     if (T > GF_DECODE_T)
         return gpu_attn_prompt(&a, c->stream, err, errlen);
-    a.out_q = c->aq, a.out_ds = (float *)c->ads;
+    a.out_q = c->aq, a.out_ds = (float *)c->ads, a.out_bt = c->abt;
     /* gpu_eval copies pos0 and the page table before the step, and every
      * cell before pos0 came from an earlier gpu_eval, which synchronised */
     a.settled = 1;
@@ -2203,7 +2232,9 @@ static int gf_attention(struct gpu_ctx *c, int il, int T, char *err, size_t errl
     for (int t = 0; t < T && rc >= 0; t++) {
         a.kv.page_table = gf_rows(c) + c->B + (size_t)t * c->max_pages, a.pos0 = gf_rows(c) + t;
         a.q = c->q + (size_t)t * HE, a.out = c->ao + (size_t)t * HE;
-        a.out_q = c->aq + (size_t)t * HE, a.out_ds = (float *)(c->ads + (size_t)t * (HE / GF_AB));
+        /* (row t's blocks start t blocks in where they lie side by side) */
+        size_t b0 = c->abt ? (size_t)t : (size_t)t * (HE / GF_AB);
+        a.out_q = c->aq + b0 * GF_AB, a.out_ds = (float *)(c->ads + b0);
         int r = gpu_attn_decode(&a, c->stream, err, errlen);
         rc = r < 0 || (t && r != rc) ? -1 : r;   /* (every row takes the same kernel) */
     }
@@ -2240,7 +2271,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
                          c->gemm_scratch, s, err, errlen))
         return c->gemm_ok = 0, 1;
     gf_mark(c, GF_ST_GATE_UP);
-    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, c->gt, c->aq, c->ads, err, errlen))
+    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, 0, c->gt, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
     if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,
@@ -2262,7 +2293,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 
     struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
                             {&ly->wv, c->v, (size_t)KE, NULL}};
-    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen) ||
+    c->abt = gf_act_bt(qkv, 3, T);
+    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
+               errlen) ||
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_QKV);
@@ -2281,21 +2314,26 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
+    struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo};
+    c->abt = gf_act_bt(&wo, 1, T);
     int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
+    int F = ly->gate.rows;
+    struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
+    struct gf_out down = {&ly->down, c->x, (size_t)D, NULL};
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
-        (!quantised && gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, NULL, c->aq, c->ads, err, errlen)) ||
-        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul(c, &ly->wo, c->ao, T, c->x, D, ly->bo, 1, err, errlen) ||
-        (gf_mark(c, GF_ST_WO), 0) ||
-        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->xn, c->aq, c->ads, err, errlen))
+        (!quantised &&
+         gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
+        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen) ||
+        (gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
+               errlen))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
-        int F = ly->gate.rows;
-        struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
         int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
-                 gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->gt, c->aq, c->ads, err, errlen) ||
-                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul(c, &ly->down, c->gt, T, c->x, D, NULL, 1, err, errlen)
-                     ? -1 : 0;
+                 (c->abt = gf_act_bt(&down, 1, T), 0) ||
+                 gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
+                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen) ? -1 : 0;
         gf_mark(c, GF_ST_DOWN);
         return rc;
     }
@@ -2307,12 +2345,12 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
-    const struct gf_mat *gu[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
+    const struct gf_mat *gue[2] = {&ly->gate_exps, &ly->up_exps}, *dn = &ly->down_exps;
     float *gu_y[2] = {c->gt, c->up};
     int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
-        if (gf_matmul_experts(c, gu, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
-            gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, c->gt, c->aq, c->ads, err, errlen))
+        if (gf_matmul_experts(c, gue, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+            gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
@@ -2347,9 +2385,11 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     int n = T - out0;
     if (n <= 0)
         return 0;
+    struct gf_out head = {&g->output, c->logits, (size_t)V, g->output_b};
+    c->abt = gf_act_bt(&head, 1, n);
     int rc = gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm, hp->rms_eps, D, n,
-                    c->xn, c->aq, c->ads, err, errlen) ||
-             gf_matmul(c, &g->output, c->xn, n, c->logits, V, g->output_b, 0, err, errlen) ? -1 : 0;
+                    c->abt, c->xn, c->aq, c->ads, err, errlen) ||
+             gf_matmul_n(c, &head, 1, c->xn, n, 0, err, errlen) ? -1 : 0;
     gf_mark(c, GF_ST_HEAD);
     return rc;
 }
@@ -2656,6 +2696,8 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
 {
     if (!gf_supported(type))
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet", gguf_type_name(type));
+    int rows_in_turn = mode & GPU_TEST_ROWS;
+    mode &= ~GPU_TEST_ROWS;
     struct gpu_ctx c;
     memset(&c, 0, sizeof c);
     c.T = T;
@@ -2676,10 +2718,12 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
         rc = strata_errf(err, errlen, "copy to the device failed");
     if (!rc) {
         struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
+        struct gf_out o = {&m, dy, (size_t)rows, NULL};
         int am = mode == GPU_TEST_NORM ? GF_ACT_NORM : mode == GPU_TEST_SWIGLU ? GF_ACT_SWIGLU : GF_ACT_PLAIN;
+        c.abt = rows_in_turn ? 0 : gf_act_bt(&o, 1, T);
         rc = gf_act(c.stream, am, dx, mode == GPU_TEST_SWIGLU ? db : NULL, mode == GPU_TEST_NORM ? db : NULL, 1e-6f, n,
-                    T, dxn, c.aq, c.ads, err, errlen) ||
-             gf_matmul(&c, &m, dxn, T, dy, rows, NULL, 0, err, errlen);
+                    T, c.abt, dxn, c.aq, c.ads, err, errlen) ||
+             gf_matmul_n(&c, &o, 1, dxn, T, 0, err, errlen);
         gpuError_t e = gpuStreamSynchronize(c.stream);
         if (!rc && e != gpuSuccess)
             rc = strata_errf(err, errlen, "matvec: %s", gpuGetErrorString(e));
@@ -2743,8 +2787,10 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
         rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
         for (int j = 0; j < reps && !rc; j++, i++) {
             struct gf_mat m = {dw + bytes * (size_t)(i % copies), type, n, rows, ldw, ldw * rows};
-            rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, T, NULL, c.aq, c.ads, err, errlen) ||
-                 gf_matmul(&c, &m, dx, T, dy, rows, NULL, 0, err, errlen);
+            struct gf_out o = {&m, dy, (size_t)rows, NULL};
+            c.abt = gf_act_bt(&o, 1, T);
+            rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, T, c.abt, NULL, c.aq, c.ads, err, errlen) ||
+                 gf_matmul_n(&c, &o, 1, dx, T, 0, err, errlen);
         }
         float t = 0;
         if (rc || gpuEventRecord(ev[1], c.stream) != gpuSuccess || gpuEventSynchronize(ev[1]) != gpuSuccess ||

@@ -58,6 +58,8 @@ struct gpu_attn {
      * sequences, query t the last cell pos0[t] of its own sequence, whose
      * page table is kv.page_table + t·pt_stride (gpu_eval_batch) */
     int multi, pt_stride;
+    /* with out_q: its layout, gpu_quant.h's gq_act_at (0: row after row) */
+    int out_bt;
 };
 
 /* Device scratch one call needs at most, for H query heads, T queries,
@@ -154,8 +156,11 @@ int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host);
  * through the forward pass's matrix-vector kernels (T == 1: the decode
  * kernel; more: the batched one), the activations formed and quantised on
  * the device as the pass does: a = x (PLAIN), RMSNorm(x, eps 1e-6)·b with b
- * n weights (NORM), silu(x)·b with b (T, n) (SWIGLU). Host buffers. */
-enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU };
+ * n weights (NORM), silu(x)·b with b (T, n) (SWIGLU). Host buffers. With
+ * GPU_TEST_ROWS added to the mode the batch kernel reads the activation
+ * row after row, as it does beside a product of another type, rather than
+ * in the layout the pass gives it alone. */
+enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU, GPU_TEST_ROWS = 8 };
 int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
                     const float *b, float *y, char *err, size_t errlen);
 /* Microseconds per product of `rows` rows of n columns of a quantised type

@@ -403,5 +403,20 @@ static __device__ __forceinline__ float4 gq_q8_act(const float (&v)[V], int (&q)
     return make_float4(__half2float(__float2half_rn(d)), __half2float(__float2half_rn(__fmul_rn(d, fs))), fs, 0.0f);
 }
 
+/* Where element i of an activation of rows of n (i = row·n + column)
+ * lies in the layout its reader takes: bt 0, one row after the other; bt
+ * = the row count, the rows' blocks of 32 of each column range side by
+ * side (block b of row t is block b·bt + t), so that a batch product
+ * (gf_mvq_kernel) finds a sub-block of every row in a few lines. A block's
+ * 32 codes stay together and in order either way; its scales sit at the
+ * returned index / 32. */
+static __device__ __forceinline__ size_t gq_act_at(size_t i, int n, int bt)
+{
+    if (!bt)
+        return i;
+    size_t t = i / n, col = i - t * n;
+    return ((col / 32) * bt + t) * 32 + col % 32;
+}
+
 #endif /* __CUDACC__ || __HIPCC__ */
 #endif

@@ -67,10 +67,14 @@ static void tg_matvec_type(int type, int N, int ROWS)
     /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K and Q8_0 at widths of 256s, one-row
      * groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
-        {1, GPU_TEST_PLAIN, "x"},   {2, GPU_TEST_PLAIN, "x"},        {TMAX, GPU_TEST_PLAIN, "x"},
-        {1, GPU_TEST_NORM, "norm"}, {1, GPU_TEST_SWIGLU, "swiglu"}};
+        {1, GPU_TEST_PLAIN, "x"},
+        {2, GPU_TEST_PLAIN, "x"},
+        {TMAX, GPU_TEST_PLAIN, "x"},
+        {TMAX, GPU_TEST_PLAIN | GPU_TEST_ROWS, "x, rows in turn"},
+        {1, GPU_TEST_NORM, "norm"},
+        {1, GPU_TEST_SWIGLU, "swiglu"}};
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
-        int T = runs[k].T, mode = runs[k].mode;
+        int T = runs[k].T, mode = runs[k].mode & ~GPU_TEST_ROWS;
         char err[256];
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * N;
@@ -85,7 +89,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
                                                                    : v;
             }
         }
-        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, mode, mode == GPU_TEST_NORM ? gw : u, y, err,
+        if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, runs[k].mode, mode == GPU_TEST_NORM ? gw : u, y, err,
                                    sizeof err) == 0, "%s", err))
             break;
         double worst = 0, worst_cpu = 0, rms = 0;

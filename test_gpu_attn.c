@@ -102,7 +102,7 @@ static int dcall_make(struct dcall *c, const struct dkv *kv, int H, int T, int p
         ok = ok && c->sel && c->off;
     }
     c->a = (struct gpu_attn){kv->g, 1, c->q, c->out, H, T, c->pos0, max_cells, 1.0f / sqrtf((float)E),
-                             c->sel, c->off, c->scratch, NULL, NULL, 1, 0, 0}; /* settled: all from finished copies */
+                             c->sel, c->off, c->scratch, NULL, NULL, 1, 0, 0, 0}; /* settled: all from finished copies */
     return ok ? 0 : -1;
 }
 
