@@ -990,10 +990,16 @@ struct gf_mvq_q8_0 {   /* eight blocks of 34 bytes: each one's scale, and 8 of i
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
 
-/* block s of activation row t, in the layout p.bt (gq_act_at) */
-static __device__ __forceinline__ size_t gf_act_blk(const gf_mv &p, int t, int s)
+/* block 0 of activation row t, in the layout p.bt (gq_act_at): block s
+ * lies s·gf_act_step(p) blocks on */
+static __device__ __forceinline__ int gf_act_blk0(const gf_mv &p, int t)
 {
-    return p.bt ? (size_t)s * p.bt + t : (size_t)t * (p.n / GF_AB) + s;
+    return p.bt ? t : t * (p.n / GF_AB);
+}
+
+static __device__ __forceinline__ int gf_act_step(const gf_mv &p)
+{
+    return p.bt ? p.bt : 1;
 }
 
 /* lane's two rows (w: their starts), superblock sb */
@@ -1026,11 +1032,17 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
         gf_mvq_fetch(w, sb, c, f);
     gf_pdl_begin();
     float acc[NB][4];
+    /* the activation blocks the lane reads: sub-block s of B's token at
+     * xb[b] + s·st, of C's tokens at cb[b][i] + s·st (their scales) */
+    int st = gf_act_step(p), xb[NB], cb[NB][2];
 #pragma unroll
-    for (int b = 0; b < NB; b++)
+    for (int b = 0; b < NB; b++) {
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
+        xb[b] = gf_act_blk0(p, 8 * b + gq);
+        cb[b][0] = gf_act_blk0(p, 8 * b + 2 * c), cb[b][1] = gf_act_blk0(p, 8 * b + 2 * c + 1);
+    }
     for (; sb < nsb; sb += W) {
         F nf[2];
         if (sb + W < nsb)
@@ -1047,9 +1059,9 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * gf_act_blk(p, tb, s) + 8 * c) : make_int2(0, 0);
-                gf_ads x0 = t0 < T ? p.ads[gf_act_blk(p, t0, s)] : make_float4(0, 0, 0, 0);
-                gf_ads x1 = t0 + 1 < T ? p.ads[gf_act_blk(p, t0 + 1, s)] : make_float4(0, 0, 0, 0);
+                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * (xb[b] + s * st) + 8 * c) : make_int2(0, 0);
+                gf_ads x0 = t0 < T ? p.ads[cb[b][0] + s * st] : make_float4(0, 0, 0, 0);
+                gf_ads x1 = t0 + 1 < T ? p.ads[cb[b][1] + s * st] : make_float4(0, 0, 0, 0);
                 int dot[4] = {0, 0, 0, 0};
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
