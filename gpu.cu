@@ -913,8 +913,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
  * again for each weight unit, from L1, and each row cost about as much as a
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
- * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a superblock,
- * a sub-block of 32 columns a step, against 8 tokens' int8 activation as B,
+ * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
+ * Q4_K superblock), a sub-block of 32 columns a step, against 8 tokens' int8 activation as B,
  * so an activation byte serves 16 rows from a register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
  * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
@@ -930,17 +930,20 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * before the kernel waits for the one ahead (weights are no kernel's output).
  * 2, 4 or 16 warps a tile, persistent blocks walking the tiles, and a
  * superblock's activation loads all in flight at once were each measured no
- * faster on the H200 (BENCH.md). */
+ * faster on the H200 (BENCH.md). The blocks are held to the registers of
+ * 3 (8 rows) or 2 (16) an SM: the kernel waits on latency, and fewer warps
+ * an SM cost it more than a few spilled words (twelfth pass). */
 #define GF_MMA_T 16     /* gf_matmul_n's nt for gf_mvq_kernel: up to 16 rows, one group */
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
-/* The weight formats gf_mvq_kernel takes: a row's 256 columns at b (SB
- * bytes), the lane's share (c = lane % 4) loaded by fetch; sub(k) gives
+/* The weight formats gf_mvq_kernel takes: a unit of K sub-blocks of a row
+ * (32·K columns, SB bytes) at b, the lane's share (c = lane % 4) loaded by
+ * fetch (a Q8_0 unit is half a Q4_K one: as many registers); sub(k) gives
  * sub-block k's codes at columns 8c..8c+3 (lo) and 8c+4..8c+7 (hi), its
  * scale and (MIN) its min, both multiplied out. */
 struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each pair */
-    enum { SB = 144, MIN = 1 };
+    enum { SB = 144, K = 8, MIN = 1 };
     int4 h;
     int2 q[4];
     __device__ void fetch(const uint8_t *b, int c) {
@@ -960,15 +963,15 @@ struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each p
     }
 };
 
-struct gf_mvq_q8_0 {   /* eight blocks of 34 bytes: each one's scale, and 8 of its codes */
-    enum { SB = 272, MIN = 0 };
-    uint32_t w[8][2];
-    float d[8];
+struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of its codes */
+    enum { SB = 136, K = 4, MIN = 0 };
+    uint32_t w[K][2];
+    float d[K];
     __device__ void fetch(const uint8_t *b, int c) {
-        /* (b is 16-aligned: block k's codes from 8c lie 4-aligned for odd k,
+        /* (b is 8-aligned: block k's codes from 8c lie 4-aligned for odd k,
          * 2 bytes off for even k, cut out of three aligned words) */
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < K; k++) {
             const uint8_t *bk = b + 34 * k;
             d[k] = gf_h2f(gf_ld16(bk));
             if (k % 2) {
@@ -1012,13 +1015,13 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
 }
 
 template <class F, int NB>   /* the weight format; token tiles of 8 */
-__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p)
+__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
     enum { W = GF_MVQ_WARPS };
     __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
-    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / 256, T = p.t_total;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / (32 * F::K), T = p.t_total;
     const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -1050,8 +1053,8 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP) gf_mvq_kernel(gf_mv p
         else
             nf[0] = nf[1] = f[0];   /* (the last: not used) */
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int s = 8 * sb + k;   /* the sub-block: the activation's block */
+        for (int k = 0; k < F::K; k++) {
+            int s = F::K * sb + k;   /* the sub-block: the activation's block */
             uint32_t a[4];
             float ds[2], ms[2];
             f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
