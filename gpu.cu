@@ -931,8 +931,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * 2, 4 or 16 warps a tile, persistent blocks walking the tiles, and a
  * superblock's activation loads all in flight at once were each measured no
  * faster on the H200 (BENCH.md). The blocks are held to the registers of
- * 3 (8 rows) or 2 (16) an SM: the kernel waits on latency, and fewer warps
- * an SM cost it more than a few spilled words (twelfth pass). */
+ * 3 (8 rows) or 2 (16) an SM: the kernel waits on latency (twelfth pass). */
 #define GF_MMA_T 16     /* gf_matmul_n's nt for gf_mvq_kernel: up to 16 rows, one group */
 #define GF_MVQ_WARPS 8
 
@@ -993,18 +992,6 @@ struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of it
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
 
-/* block 0 of activation row t, in the layout p.bt (gq_act_at): block s
- * lies s·gf_act_step(p) blocks on */
-static __device__ __forceinline__ int gf_act_blk0(const gf_mv &p, int t)
-{
-    return p.bt ? t : t * (p.n / GF_AB);
-}
-
-static __device__ __forceinline__ int gf_act_step(const gf_mv &p)
-{
-    return p.bt ? p.bt : 1;
-}
-
 /* lane's two rows (w: their starts), superblock sb */
 template <class F>
 static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, F (&f)[2])
@@ -1014,7 +1001,7 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
         f[j].fetch(w[j] + (size_t)sb * F::SB, c);
 }
 
-template <class F, int NB>   /* the weight format; token tiles of 8 */
+template <class F, int NB, int BT>   /* the weight format; token tiles of 8; the activation's layout */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvq_kernel(gf_mv p)
 {
 #if __CUDA_ARCH__ >= 800
@@ -1035,23 +1022,22 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
         gf_mvq_fetch(w, sb, c, f);
     gf_pdl_begin();
     float acc[NB][4];
-    /* the activation blocks the lane reads: sub-block s of B's token at
-     * xb[b] + s·st, of C's tokens at cb[b][i] + s·st (their scales) */
-    int st = gf_act_step(p), xb[NB], cb[NB][2];
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < NB; b++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
-        xb[b] = gf_act_blk0(p, 8 * b + gq);
-        cb[b][0] = gf_act_blk0(p, 8 * b + 2 * c), cb[b][1] = gf_act_blk0(p, 8 * b + 2 * c + 1);
-    }
+    /* block s of activation row t: block t·ts + s·ss (BT: gq_act_at's
+     * layout of the rows side by side, else rows in turn); a layout known at
+     * compile time, as the row width was, keeps the offsets in a few
+     * registers (run 4 of the twelfth pass: 24 more with it at run time) */
+    const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
     for (; sb < nsb; sb += W) {
         F nf[2];
-        if (sb + W < nsb)
-            gf_mvq_fetch(w, sb + W, c, nf);
-        else
-            nf[0] = nf[1] = f[0];   /* (the last: not used) */
+        /* (the last round fetches its own unit again, unused: loads with no
+         * branch around them leave ptxas ~25 registers fewer, 70-77 at 8
+         * rows, than a copy in an else did) */
+        gf_mvq_fetch(w, sb + W < nsb ? sb + W : sb, c, nf);
 #pragma unroll
         for (int k = 0; k < F::K; k++) {
             int s = F::K * sb + k;   /* the sub-block: the activation's block */
@@ -1062,9 +1048,9 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * (xb[b] + s * st) + 8 * c) : make_int2(0, 0);
-                gf_ads x0 = t0 < T ? p.ads[cb[b][0] + s * st] : make_float4(0, 0, 0, 0);
-                gf_ads x1 = t0 + 1 < T ? p.ads[cb[b][1] + s * st] : make_float4(0, 0, 0, 0);
+                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
+                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
+                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
                 int dot[4] = {0, 0, 0, 0};
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -1986,6 +1972,17 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
     return type == QT_Q4_K && !gf_env("STRATA_GPU_MV_OLD") && (*S = gf_mvk_shape(n, UL)) > 0;
 }
 
+#ifdef GPU_CUDA
+template <class F, int NB>
+static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
+{
+    if (p.bt)
+        gf_launch(gf_mvq_kernel<F, NB, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+    else
+        gf_launch(gf_mvq_kernel<F, NB, 0>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+}
+#endif
+
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
@@ -2006,9 +2003,9 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
         typedef typename gf_mvq_of<Q>::F F;
         dim3 grid((rows + 15) / 16);
         if (p.t_total > 8)
-            gf_launch(gf_mvq_kernel<F, 2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            gf_mvq_launch<F, 2>(p, grid, s);
         else
-            gf_launch(gf_mvq_kernel<F, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            gf_mvq_launch<F, 1>(p, grid, s);
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
