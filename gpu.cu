@@ -914,8 +914,9 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * again for each weight unit, from L1, and each row cost about as much as a
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
- * Q4_K superblock), a sub-block of 32 columns a step, against 8 tokens' int8 activation as B,
- * so an activation byte serves 16 rows from a register. Within a sub-block
+ * Q4_K superblock, or four Q8_0 blocks), a sub-block of 32 columns a
+ * step, against 8 tokens' int8 activation as B, so an activation byte
+ * serves 16 rows from a register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
  * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
  * each 64-column pair (low nibbles the pair's first sub-block, high its
@@ -924,10 +925,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * wavefronts, where rows one after another cost one a token (run 1 of the
  * twelfth pass found the kernel L1-bound). Each sub-block's integer
  * dot is scaled in f32 as gf_q4k_pair does: ad·(d·sc·dot − dmin·m·Σa). A
- * block's GF_MVQ_WARPS warps share one 16-row tile and take its superblocks
- * in turn; their sums meet in shared memory, added in warp order. The next
- * superblock's loads go out before this one's arithmetic, and the first's
- * before the kernel waits for the one ahead (weights are no kernel's output).
+ * block's GF_MVQ_WARPS warps share one 16-row tile and take its units in
+ * turn; their sums meet in shared memory, added in warp order. The next
+ * unit's loads go out before this one's arithmetic, and the first's before
+ * the kernel waits for the one ahead (weights are no kernel's output).
  * 2, 4 or 16 warps a tile, persistent blocks walking the tiles, and a
  * superblock's activation loads all in flight at once were each measured no
  * faster on the H200 (BENCH.md). The blocks are held to the registers of
@@ -992,7 +993,7 @@ struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of it
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
 
-/* lane's two rows (w: their starts), superblock sb */
+/* lane's two rows (w: their starts), unit sb */
 template <class F>
 static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, F (&f)[2])
 {
@@ -1028,9 +1029,8 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
         for (int i = 0; i < 4; i++)
             acc[b][i] = 0.0f;
     /* block s of activation row t: block t·ts + s·ss (BT: gq_act_at's
-     * layout of the rows side by side, else rows in turn); a layout known at
-     * compile time, as the row width was, keeps the offsets in a few
-     * registers (run 4 of the twelfth pass: 24 more with it at run time) */
+     * layout of the rows side by side, else rows in turn), the layout a
+     * compile-time choice so that each form's offsets stay multiply-adds */
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
     for (; sb < nsb; sb += W) {
         F nf[2];

@@ -64,7 +64,8 @@ static void tg_matvec_type(int type, int N, int ROWS)
         gw[i] = 0.5f + test_randf(&seed) * 0.5f;
     for (int i = 0; i < N * TMAX; i++)
         u[i] = test_randf(&seed);
-    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K and Q8_0 at widths of 256s, one-row
+    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K and
+     * Q8_0 at widths of 256s, in both layouts of the activation; one-row
      * groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
         {1, GPU_TEST_PLAIN, "x"},
