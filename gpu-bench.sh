@@ -16,9 +16,9 @@
 # so that both tiny models fit; they are unpacked to $TMPDIR.)
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
-# an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B shape), mv (the
-# Q4_K products alone, at 1..16 rows; ncu-mv: Nsight Compute's counters of two of them), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B
-# Q4_K shape)
+# an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B
+# shape), mv (the Q4_K products alone, at 1..16 rows; ncu-mv: Nsight Compute's counters of two of
+# them), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K and Q8_0)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -65,15 +65,17 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
-batch() { # several sequences decoding together (bench --batch), the 8B Q4_K shape at 512 cells
+batch() { # several sequences decoding together (bench --batch), the 8B shape at Q4_K and Q8_0, 512 cells
     local m=$T/batch.gguf
-    $S synth --shape qwen3-8b --type q4_k -o "$m" >/dev/null || return
-    echo "== batch: qwen3-8b q4_k, tg128 of B sequences together at 512 cells each"
-    for b in 2 4 8 16; do
-        echo "-- --batch $b"
-        $S bench -m "$m" --device gpu -p 0 -n 128 -d 512 -r 3 -c 1024 --batch $b 2>/dev/null | grep -E '^decode '
+    for type in q4_k q8_0; do
+        $S synth --shape qwen3-8b --type $type -o "$m" >/dev/null || return
+        echo "== batch: qwen3-8b $type, tg128 of B sequences together at 512 cells each"
+        for b in 2 4 8 16; do
+            echo "-- --batch $b"
+            $S bench -m "$m" --device gpu -p 0 -n 128 -d 512 -r 3 -c 1024 --batch $b 2>/dev/null | grep -E '^decode '
+        done
+        rm -f "$m"
     done
-    rm -f "$m"
 }
 
 sweep() { # tg128 and a prompt (chunk 2048) of a model per setting in SWEEP
