@@ -1034,9 +1034,8 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
     for (; sb < nsb; sb += W) {
         F nf[2];
-        /* (the last round fetches its own unit again, unused: loads with no
-         * branch around them leave ptxas ~25 registers fewer, 70-77 at 8
-         * rows, than a copy in an else did) */
+        /* (the last round fetches its own unit again, unused: with a branch
+         * around the loads ptxas took ~25 registers more, 100-104 at 8 rows) */
         gf_mvq_fetch(w, sb + W < nsb ? sb + W : sb, c, nf);
 #pragma unroll
         for (int k = 0; k < F::K; k++) {
