@@ -2067,7 +2067,7 @@ static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, cons
     return 0;
 }
 
-/* One output of gf_matmul: y (T, w->rows), row stride ldy, (+ bias). */
+/* One output of gf_matmul_n: y (T, w->rows), row stride ldy, (+ bias). */
 struct gf_out {
     const struct gf_mat *w;
     float *y;
@@ -2149,13 +2149,6 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
             return -1;
     }
     return 0;
-}
-
-static int gf_matmul(struct gpu_ctx *c, const struct gf_mat *w, const float *af, int T, float *y, size_t ldy,
-                     const float *bias, int accumulate, char *err, size_t errlen)
-{
-    struct gf_out o = {w, y, ldy, bias};
-    return gf_matmul_n(c, &o, 1, af, T, accumulate, err, errlen);
 }
 
 /* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
@@ -2349,7 +2342,8 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return rc;
     }
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
-    if (gf_matmul(c, &ly->gate_inp, c->xn, T, c->router, X, NULL, 0, err, errlen))
+    struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL};
+    if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);
@@ -2616,15 +2610,11 @@ int gpu_eval_batch(struct gpu_ctx *c, const int *seqs, const int32_t *tokens, in
                    size_t errlen)
 {
     int V = c->g->hp.n_vocab, P = kv_cfg(c->kv)->page_cells;
-    for (int i = 0; i < n; i++) {
-        if (kv_seq_len(c->kv, seqs[i]) < 1)
-            return strata_errf(err, errlen, "GPU batch: sequence %d has no cell for its token", seqs[i]);
-        for (int k = 0; k < i; k++)
-            if (seqs[k] == seqs[i])
-                return strata_errf(err, errlen, "GPU batch: sequence %d appears twice", seqs[i]);
+    if (kv_seqs_check(c->kv, seqs, n, 1, "GPU batch", err, errlen) != 0)   /* (a cell for each token) */
+        return -1;
+    for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return strata_errf(err, errlen, "token id %d out of range (vocabulary of %d)", (int)tokens[i], V);
-    }
     /* passes of up to B rows; a single row is an ordinary decode step */
     int32_t *rows = c->io_host + (gf_rows(c) - c->io);
     for (int done = 0; done < n;) {

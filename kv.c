@@ -596,6 +596,23 @@ int kv_seq_len(const struct kv *kv, int seq)
     return s ? s->n : -1;
 }
 
+int kv_seqs_check(const struct kv *kv, const int *seqs, int n, int min_cells, const char *who, char *err,
+                  size_t errlen)
+{
+    for (int i = 0; i < n; i++) {
+        int len = kv_seq_len(kv, seqs[i]);
+        if (len < 0)
+            return strata_errf(err, errlen, "%s: no sequence %d in this context", who, seqs[i]);
+        if (len < min_cells)
+            return strata_errf(err, errlen, "%s: sequence %d has %d cells, fewer than %d", who, seqs[i], len,
+                               min_cells);
+        for (int k = 0; k < i; k++)
+            if (seqs[k] == seqs[i])
+                return strata_errf(err, errlen, "%s: sequence %d appears twice", who, seqs[i]);
+    }
+    return 0;
+}
+
 int kv_append(struct kv *kv, int seq, const int32_t *tokens, int n, char *err, size_t errlen)
 {
     struct kv_seq *s = kv_seq_get(kv, seq);

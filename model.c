@@ -1643,13 +1643,8 @@ int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *toke
         return strata_errf(err, errlen, "decode batch: %d sequences%s", n, logits ? "" : ", no logits buffer");
     if (check_tokens(c, tokens, n, err, errlen) != 0)
         return -1;
-    for (int i = 0; i < n; i++) {
-        if (kv_seq_len(c->kv, seqs[i]) < 0)
-            return strata_errf(err, errlen, "decode batch: no sequence %d in this context", seqs[i]);
-        for (int k = 0; k < i; k++)
-            if (seqs[k] == seqs[i])
-                return strata_errf(err, errlen, "decode batch: sequence %d appears twice", seqs[i]);
-    }
+    if (kv_seqs_check(c->kv, seqs, n, 0, "decode batch", err, errlen) != 0)
+        return -1;
     /* one cell for each first, so that a full pool fails before any work */
     int added = 0;
     for (; added < n; added++)

@@ -671,6 +671,11 @@ int kv_seq_fork(struct kv *kv, int src, char *err, size_t errlen);
  * cache until their pages are needed (least recently used first). */
 void kv_seq_free(struct kv *kv, int seq);
 int kv_seq_len(const struct kv *kv, int seq);
+/* 0 when seqs[0..n) are n different sequences with at least min_cells
+ * cells each, else -1 and a message (beginning with who) naming the first
+ * that is not: the check of a step over several sequences at once. */
+int kv_seqs_check(const struct kv *kv, const int *seqs, int n, int min_cells, const char *who, char *err,
+                  size_t errlen);
 /* Offers the sequence's whole pages of known tokens to the prefix cache now
  * (kv_append and kv_seq_free do it too), so that a later prompt shares them
  * even if this sequence is cut back first. Its cells must all be written. */
