@@ -1002,6 +1002,47 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
         f[j].fetch(w[j] + (size_t)sb * F::SB, c);
 }
 
+/* unit sb's products of the lane's rows (f) and tokens into acc: block s
+ * of activation row t is block t·ts + s·ss */
+template <class F, int NB, int BT>
+static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[2], int sb, int ts, int ss, int gq,
+                                                   int c, float (&acc)[NB][4])
+{
+    int T = p.t_total;
+#pragma unroll
+    for (int k = 0; k < F::K; k++) {
+        int s = F::K * sb + k;   /* the sub-block: the activation's block */
+        uint32_t a[4];
+        float ds[2], ms[2];
+        f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
+        f[1].sub(k, &a[1], &a[3], &ds[1], &ms[1]);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
+            int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
+            gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
+            gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
+            int dot[4] = {0, 0, 0, 0};
+            asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                         : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+            /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+            if (F::MIN) {
+                acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
+                acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
+                acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
+                acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
+            } else {
+                acc[b][0] += x0.x * (ds[0] * (float)dot[0]);
+                acc[b][1] += x1.x * (ds[0] * (float)dot[1]);
+                acc[b][2] += x0.x * (ds[1] * (float)dot[2]);
+                acc[b][3] += x1.x * (ds[1] * (float)dot[3]);
+            }
+        }
+    }
+}
+
 template <class F, int NB, int BT>   /* the weight format; token tiles of 8; the activation's layout */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvq_kernel(gf_mv p)
 {
@@ -1032,45 +1073,17 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
      * layout of the rows side by side, else rows in turn), the layout a
      * compile-time choice so that each form's offsets stay multiply-adds */
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
-    for (; sb < nsb; sb += W) {
+    /* the next unit's loads before this one's arithmetic; the last round
+     * apart, so that no branch sits around a fetch (ptxas: ~25 registers
+     * more with one) and no unit is fetched twice */
+    for (; sb + W < nsb; sb += W) {
         F nf[2];
-        /* (the last round fetches its own unit again, unused: with a branch
-         * around the loads ptxas took ~25 registers more, 100-104 at 8 rows) */
-        gf_mvq_fetch(w, sb + W < nsb ? sb + W : sb, c, nf);
-#pragma unroll
-        for (int k = 0; k < F::K; k++) {
-            int s = F::K * sb + k;   /* the sub-block: the activation's block */
-            uint32_t a[4];
-            float ds[2], ms[2];
-            f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
-            f[1].sub(k, &a[1], &a[3], &ds[1], &ms[1]);
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
-                gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
-                gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
-                int dot[4] = {0, 0, 0, 0};
-                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
-                /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
-                if (F::MIN) {
-                    acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
-                    acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
-                    acc[b][2] += x0.x * (ds[1] * (float)dot[2] - ms[1] * x0.z);
-                    acc[b][3] += x1.x * (ds[1] * (float)dot[3] - ms[1] * x1.z);
-                } else {
-                    acc[b][0] += x0.x * (ds[0] * (float)dot[0]);
-                    acc[b][1] += x1.x * (ds[0] * (float)dot[1]);
-                    acc[b][2] += x0.x * (ds[1] * (float)dot[2]);
-                    acc[b][3] += x1.x * (ds[1] * (float)dot[3]);
-                }
-            }
-        }
+        gf_mvq_fetch(w, sb + W, c, nf);
+        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
         f[0] = nf[0], f[1] = nf[1];
     }
+    if (sb < nsb)
+        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
 #pragma unroll
     for (int b = 0; b < NB; b++)
 #pragma unroll
