@@ -123,10 +123,17 @@ static int add(struct tdesc *list, int n, const char *name, int type, int n_dims
     return n + 1;
 }
 
+/* Q4_K_M's layers of more bits: the reference quantiser's rule for attn_v
+ * and ffn_down (the first and last eighth of the layers, and every third
+ * in between), which give those tensors Q6_K (and the head Q6_K) in a
+ * Q4_K_M file; ../shared/testdata's tiny-qwen3-Q4_K_M has it (layers 2
+ * and 3 of 4). */
+static int more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
 /* Fills list (capacity: 16 per layer + 3) in the order the reference writes:
- * matrices in the weight type wt, vectors and the MoE router in F32 (as the
- * reference's converter keeps them). */
-static int tensor_list(const struct shape *s, int wt, struct tdesc *list)
+ * matrices in the weight type wt (m: Q4_K_M's mix, wt Q4_K), vectors and
+ * the MoE router in F32 (as the reference's converter keeps them). */
+static int tensor_list(const struct shape *s, int wt, int m, struct tdesc *list)
 {
     int n = 0, qwen3 = strncmp(s->arch, "qwen3", 5) == 0, moe = s->n_expert > 0;
     int64_t d = s->n_embd, q = (int64_t)s->n_head * s->head_dim,
@@ -135,14 +142,15 @@ static int tensor_list(const struct shape *s, int wt, struct tdesc *list)
     n = add(list, n, "token_embd.weight", wt, 2, d, s->n_vocab, 1, 1.7f * 0.05f, -1);
     n = add(list, n, "output_norm.weight", QT_F32, 1, d, 1, 1, 0, 1.0f);
     if (!s->tied)
-        n = add(list, n, "output.weight", wt, 2, d, s->n_vocab, 1, sd, -1);
+        n = add(list, n, "output.weight", m ? QT_Q6_K : wt, 2, d, s->n_vocab, 1, sd, -1);
     for (int l = 0; l < s->n_layer; l++) {
         char name[GGUF_NAME_MAX];
+        int vt = m && more_bits(l, s->n_layer) ? QT_Q6_K : wt;   /* attn_v and ffn_down */
 #define T(suffix, ...) (snprintf(name, sizeof name, "blk.%d." suffix, l), n = add(list, n, name, __VA_ARGS__))
         T("attn_norm.weight", QT_F32, 1, d, 1, 1, 0, 1.0f);
         T("attn_q.weight", wt, 2, d, q, 1, sd, -1);
         T("attn_k.weight", wt, 2, d, kv, 1, sd, -1);
-        T("attn_v.weight", wt, 2, d, kv, 1, sd, -1);
+        T("attn_v.weight", vt, 2, d, kv, 1, sd, -1);
         if (strcmp(s->arch, "qwen2") == 0) {
             T("attn_q.bias", QT_F32, 1, q, 1, 1, 0.1f, -1);
             T("attn_k.bias", QT_F32, 1, kv, 1, 1, 0.1f, -1);
@@ -159,11 +167,11 @@ static int tensor_list(const struct shape *s, int wt, struct tdesc *list)
             T("ffn_gate_inp.weight", QT_F32, 2, d, s->n_expert, 1, sd, -1);
             T("ffn_gate_exps.weight", wt, 3, d, s->n_ff_exp, s->n_expert, sd, -1);
             T("ffn_up_exps.weight", wt, 3, d, s->n_ff_exp, s->n_expert, sd, -1);
-            T("ffn_down_exps.weight", wt, 3, s->n_ff_exp, d, s->n_expert, se, -1);
+            T("ffn_down_exps.weight", vt, 3, s->n_ff_exp, d, s->n_expert, se, -1);
         } else {
             T("ffn_gate.weight", wt, 2, d, s->n_ff, 1, sd, -1);
             T("ffn_up.weight", wt, 2, d, s->n_ff, 1, sd, -1);
-            T("ffn_down.weight", wt, 2, s->n_ff, d, 1, 1.7f / sqrtf((float)s->n_ff), -1);
+            T("ffn_down.weight", vt, 2, s->n_ff, d, 1, 1.7f / sqrtf((float)s->n_ff), -1);
         }
 #undef T
     }
@@ -353,7 +361,7 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
         return -1;
     }
     struct out o = {NULL, seed * 0x9E3779B97F4A7C15ull, err, errlen};
-    int wt = type_by_name(tname);
+    int mix = strcasecmp(tname, "q4_k_m") == 0, wt = mix ? QT_Q4_K : type_by_name(tname);
     const struct quant_type *qt = wt >= 0 ? quant_type(wt) : NULL;
     if (!qt || !qt->from_f32 || wt == QT_Q8_1 || wt == QT_Q8_K) {
         snprintf(err, errlen, "synth: no quantiser for weight type '%s'", tname);
@@ -384,7 +392,7 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
         snprintf(err, errlen, "synth: out of memory");
         return -1;
     }
-    int n = tensor_list(&s, wt, list);
+    int n = tensor_list(&s, wt, mix, list);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const struct quant_type *tt = quant_type(list[i].type);

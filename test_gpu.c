@@ -702,29 +702,35 @@ done:
  * wo, the head) and Qwen3-30B-A3B's expert and attention shapes, the
  * current kernels against STRATA_GPU_MV_OLD=1: with one activation row
  * (decode: gf_mvk_kernel against the staged kernel) and with 2..16 (a step
- * of that many sequences: gf_mvq_kernel against gf_mv_kernel). */
+ * of that many sequences: gf_mvq_kernel against gf_mv_kernel); then the
+ * Q6_K matrices of a Q4_K_M file (attn_v, ffn_down and the head of half the
+ * layers, `strata synth --type q4_k_m`) and Q8_0's, one row. */
 static void tg_bench_mv(void)
 {
-    static const struct { const char *what; int n, rows; } sh[] = {
-        {"8b gate+up", 4096, 24576}, {"8b down", 12288, 4096}, {"8b qkv", 4096, 6144},
-        {"8b wo", 4096, 4096}, {"8b head", 4096, 151936}, {"30b q", 2048, 4096}, {"30b expert gate", 2048, 768},
-        {"30b expert down", 768, 2048}};
-    if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K)"))
+    static const struct { const char *what; int type, n, rows, tmax; } sh[] = {
+        {"8b gate+up", QT_Q4_K, 4096, 24576, 16}, {"8b down", QT_Q4_K, 12288, 4096, 16},
+        {"8b qkv", QT_Q4_K, 4096, 6144, 16}, {"8b wo", QT_Q4_K, 4096, 4096, 16},
+        {"8b head", QT_Q4_K, 4096, 151936, 16}, {"30b q", QT_Q4_K, 2048, 4096, 16},
+        {"30b expert gate", QT_Q4_K, 2048, 768, 16}, {"30b expert down", QT_Q4_K, 768, 2048, 16},
+        {"8b v", QT_Q6_K, 4096, 1024, 1}, {"8b down", QT_Q6_K, 12288, 4096, 1},
+        {"8b head", QT_Q6_K, 4096, 151936, 1}, {"8b gate+up", QT_Q8_0, 4096, 24576, 1},
+        {"8b down", QT_Q8_0, 12288, 4096, 1}, {"8b head", QT_Q8_0, 4096, 151936, 1}};
+    if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K, Q6_K, Q8_0)"))
         return;
     /* T = 1 as a decode step multiplies; 2..16 as a step of that many sequences */
     static const int Ts[] = {1, 2, 4, 8, 16};
     for (size_t i = 0; i < sizeof sh / sizeof *sh; i++)
-        for (size_t k = 0; k < sizeof Ts / sizeof *Ts; k++) {
+        for (size_t k = 0; k < sizeof Ts / sizeof *Ts && Ts[k] <= sh[i].tmax; k++) {
             char err[256];
-            double bytes = (double)quant_row_bytes(QT_Q4_K, sh[i].n) * sh[i].rows, us[2];
+            double bytes = (double)quant_row_bytes(sh[i].type, sh[i].n) * sh[i].rows, us[2];
             for (int old = 0; old < 2; old++) {
                 setenv("STRATA_GPU_MV_OLD", old ? "1" : "0", 1);
-                us[old] = gpu_test_mv_us(QT_Q4_K, sh[i].n, sh[i].rows, Ts[k], 20, err, sizeof err);
+                us[old] = gpu_test_mv_us(sh[i].type, sh[i].n, sh[i].rows, Ts[k], 20, err, sizeof err);
                 CHECK(us[old] > 0, "%s", err);
             }
-            printf("  Q4_K  %-16s %5d x %6d T=%-2d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n",
-                   sh[i].what, sh[i].n, sh[i].rows, Ts[k], bytes / 1e6, us[1], bytes / us[1] / 1e6, us[0],
-                   bytes / us[0] / 1e6);
+            printf("  %-5s %-16s %5d x %6d T=%-2d %6.2f MB  old %6.1f us %.2f TB/s | new %6.1f us %.2f TB/s\n",
+                   gguf_type_name(sh[i].type), sh[i].what, sh[i].n, sh[i].rows, Ts[k], bytes / 1e6, us[1],
+                   bytes / us[1] / 1e6, us[0], bytes / us[0] / 1e6);
         }
     unsetenv("STRATA_GPU_MV_OLD");
 }

@@ -130,8 +130,57 @@ static void case_bad_requests(void)
           "unknown key: %s", err);
 }
 
+/* --type q4_k_m: the mix of a Q4_K_M file. The reference's tiny Q4_K_M
+ * model (4 layers) says which layers take more bits: its ffn_down is Q6_K
+ * there (its attn_v rows, 64 wide, fit no 256 block); the synth model of 4
+ * layers must give attn_v and ffn_down Q6_K in exactly those layers, the
+ * head Q6_K, and every other matrix Q4_K. */
+static void case_q4_k_m(void)
+{
+    if (!test_begin("synth/q4_k_m mix against the reference's Q4_K_M file"))
+        return;
+    char ref[512], err[512], name[GGUF_NAME_MAX];
+    if (!test_data("tiny-qwen3-Q4_K_M.gguf", ref, sizeof ref))
+        return;
+    const char *args[] = {"--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=4", "--set", "n_head=2",
+                          "--set", "head_dim=128", "--set", "n_ff=512", "--set", "n_vocab=512", "--type",
+                          "q4_k_m", "-o", TMP_SYNTH};
+    if (!CHECK(run_synth(args, 18, err, sizeof err) == 0, "synth: %s", err))
+        return;
+    struct gguf g, r;
+    if (!CHECK(gguf_open(&g, TMP_SYNTH, err, sizeof err) == 0, "%s", err))
+        return;
+    if (!CHECK(gguf_open(&r, ref, err, sizeof err) == 0, "%s", err)) {
+        gguf_close(&g);
+        return;
+    }
+    int more = 0;
+    for (int l = 0; l < 4; l++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_down.weight", l);
+        const struct gguf_tensor *rd = gguf_tensor(&r, name), *d = gguf_tensor(&g, name);
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+        const struct gguf_tensor *v = gguf_tensor(&g, name);
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l);
+        const struct gguf_tensor *q = gguf_tensor(&g, name);
+        if (!CHECK(rd && d && v && q, "layer %d: tensors missing", l))
+            break;
+        int want = rd->type == QT_Q6_K ? QT_Q6_K : QT_Q4_K;
+        more += want == QT_Q6_K;
+        CHECK(d->type == want && v->type == want && q->type == QT_Q4_K,
+              "layer %d: ffn_down %s, attn_v %s, attn_q %s; the reference's ffn_down is %s", l,
+              gguf_type_name(d->type), gguf_type_name(v->type), gguf_type_name(q->type), gguf_type_name(rd->type));
+    }
+    const struct gguf_tensor *out = gguf_tensor(&g, "output.weight"), *emb = gguf_tensor(&g, "token_embd.weight");
+    CHECK(more > 0 && more < 4, "the reference has %d layers of more bits of 4", more);
+    CHECK(out && out->type == QT_Q6_K && emb && emb->type == QT_Q4_K, "head %s, embedding %s",
+          out ? gguf_type_name(out->type) : "missing", emb ? gguf_type_name(emb->type) : "missing");
+    gguf_close(&g);
+    gguf_close(&r);
+}
+
 void test_synth(void)
 {
+    case_q4_k_m();
     case_moe_shape();
     case_bad_requests();
 }
