@@ -908,15 +908,16 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
-/* ==== the batched Q4_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
+/* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
  * A step of several sequences (gpu_eval_batch) multiplies each matrix by
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
  * again for each weight unit, from L1, and each row cost about as much as a
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
- * Q4_K superblock, or four Q8_0 blocks), a sub-block of 32 columns a
- * step, against 8 tokens' int8 activation as B, so an activation byte
- * serves 16 rows from a register. Within a sub-block
+ * Q4_K superblock, four Q8_0 blocks, half a Q6_K superblock), a sub-block
+ * of 32 columns a step (Q6_K: 16, a scale's, m16n8k16), against 8 tokens'
+ * int8 activation as B, so an activation byte serves 16 rows from a
+ * register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
  * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
  * each 64-column pair (low nibbles the pair's first sub-block, high its
@@ -937,16 +938,19 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
-/* The weight formats gf_mvq_kernel takes: a unit of K sub-blocks of a row
- * (32·K columns, SB bytes) at b, the lane's share (c = lane % 4) loaded by
- * fetch (a Q8_0 unit is half a Q4_K one: as many registers); sub(k) gives
- * sub-block k's codes at columns 8c..8c+3 (lo) and 8c+4..8c+7 (hi), its
- * scale and (MIN) its min, both multiplied out. */
+/* The weight formats gf_mvq_kernel takes: unit u of a row (COLS columns,
+ * G groups of GK), the lane's share (c = lane % 4) loaded by fetch (a Q8_0
+ * or Q6_K unit holds about as many registers as a Q4_K one); sub(k) gives
+ * group k's codes, as int8, at columns 8c..8c+3 (lo) and 8c+4..8c+7 (hi)
+ * of a group of 32, or 4c..4c+3 (lo) of a group of 16, its scale and
+ * (MIN) its min, both multiplied out. A group is one mma (k = GK) and lies
+ * in one block of 32 of the activation. */
 struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each pair */
-    enum { SB = 144, K = 8, MIN = 1 };
+    enum { COLS = 256, GK = 32, G = 8, MIN = 1 };
     int4 h;
     int2 q[4];
-    __device__ void fetch(const uint8_t *b, int c) {
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)u * 144;
         h = gf_ld_stream((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
@@ -964,14 +968,15 @@ struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each p
 };
 
 struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of its codes */
-    enum { SB = 136, K = 4, MIN = 0 };
-    uint32_t w[K][2];
-    float d[K];
-    __device__ void fetch(const uint8_t *b, int c) {
+    enum { COLS = 128, GK = 32, G = 4, MIN = 0 };
+    uint32_t w[G][2];
+    float d[G];
+    __device__ void fetch(const uint8_t *row, int u, int c) {
         /* (b is 8-aligned: block k's codes from 8c lie 4-aligned for odd k,
          * 2 bytes off for even k, cut out of three aligned words) */
+        const uint8_t *b = row + (size_t)u * 136;
 #pragma unroll
-        for (int k = 0; k < K; k++) {
+        for (int k = 0; k < G; k++) {
             const uint8_t *bk = b + 34 * k;
             d[k] = gf_h2f(gf_ld16(bk));
             if (k % 2) {
@@ -989,9 +994,47 @@ struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of it
     }
 };
 
+struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a scale each */
+    enum { COLS = 128, GK = 16, G = 8, MIN = 0 };
+    uint32_t ql[2][2], qh[2], sc[2];
+    float d;
+    /* 4 bytes at a 2-aligned address (blocks of 210 bytes): from the two
+     * aligned words around them */
+    static __device__ uint32_t ld4(const uint8_t *x)
+    {
+        const uint32_t *a = (const uint32_t *)((uintptr_t)x & ~(uintptr_t)3);
+        return __funnelshift_r(__ldcs(a), __ldcs(a + 1), 8 * (unsigned)((uintptr_t)x & 3));
+    }
+    /* half h of the superblock: its quarter i (32 columns) takes the low
+     * (i < 2) or high nibbles of ql bytes 64h + 32(i % 2) + l and bits 2i
+     * of qh bytes 128 + 32h + l, l = 16j + 4c + 0..3 in group 2i + j;
+     * the group's scale is byte 192 + 8h + 2i + j (quant.c's k6_unpack) */
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)(u >> 1) * 210;
+        int h = u & 1;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            ql[0][j] = ld4(b + 64 * h + 16 * j + 4 * c);
+            ql[1][j] = ld4(b + 64 * h + 32 + 16 * j + 4 * c);
+            qh[j] = ld4(b + 128 + 32 * h + 16 * j + 4 * c);
+            sc[j] = ld4(b + 192 + 8 * h + 4 * j);
+        }
+        d = gf_h2f(gf_ld16(b + 208));
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        int i = k / 2, j = k % 2;
+        uint32_t v = ((ql[i % 2][j] >> (4 * (i / 2))) & 0x0f0f0f0f) | (((qh[j] >> (2 * i)) << 4) & 0x30303030);
+        *lo = ((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u;   /* each byte minus 32, no borrow between bytes */
+        *hi = 0;
+        *ds = d * (float)(int8_t)(sc[i / 2] >> (8 * (k % 4)));
+        *ms = 0.0f;
+    }
+};
+
 /* the format of a unit struct above (only those gf_mvq_takes reach the kernel) */
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
+template <> struct gf_mvq_of<gf_q6_K> { typedef gf_mvq_q6_K F; };
 
 /* lane's two rows (w: their starts), unit sb */
 template <class F>
@@ -999,7 +1042,7 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
 {
 #pragma unroll
     for (int j = 0; j < 2; j++)
-        f[j].fetch(w[j] + (size_t)sb * F::SB, c);
+        f[j].fetch(w[j], sb, c);
 }
 
 /* unit sb's products of the lane's rows (f) and tokens into acc: block s
@@ -1010,8 +1053,9 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[
 {
     int T = p.t_total;
 #pragma unroll
-    for (int k = 0; k < F::K; k++) {
-        int s = F::K * sb + k;   /* the sub-block: the activation's block */
+    for (int k = 0; k < F::G; k++) {
+        /* the activation's block of the group, and the group's columns in it */
+        int s = F::COLS / 32 * sb + F::GK * k / 32, o = F::GK * k % 32;
         uint32_t a[4];
         float ds[2], ms[2];
         f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
@@ -1019,14 +1063,22 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-            int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
             gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
             gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
             int dot[4] = {0, 0, 0, 0};
-            asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                         : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+            if constexpr (F::GK == 32) {
+                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+            } else {
+                int x = tb < T ? *(const int *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + o + 4 * c) : 0;
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+                             "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(x));
+            }
             /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
             if (F::MIN) {
                 acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
@@ -1050,7 +1102,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     enum { W = GF_MVQ_WARPS };
     __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
-    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / (32 * F::K), T = p.t_total;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / F::COLS, T = p.t_total;
     const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
 #pragma unroll
     for (int j = 0; j < 2; j++) {
@@ -2030,7 +2082,7 @@ static int gf_mvq_takes(int type, int n, int T)
 {
 #ifdef GPU_CUDA
     int arch = 0, sms = 0;
-    return (type == QT_Q4_K || type == QT_Q8_0) && n % 256 == 0 && T > 1 && T <= GF_MMA_T &&
+    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && T > 1 && T <= GF_MMA_T &&
            !gf_env("STRATA_GPU_MV_OLD") && gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
 #else
     (void)type, (void)n, (void)T;   /* no tensor-core kernel in a HIP build */
@@ -2133,7 +2185,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         gf_mv p;
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
-        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K and Q8_0 on tensor
+        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
          * cores; else as one-row groups of the decode kernels where those beat
          * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
          * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
