@@ -63,16 +63,6 @@ static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
     const uint16_t *q = (const uint16_t *)p;
     return (int)((uint32_t)q[0] | (uint32_t)q[1] << 16);
 }
-/* 8 bytes at a 2-aligned address as two words, cut out of the three aligned
- * words around them (the same loads whatever the alignment, no branch) */
-static __device__ __forceinline__ void gf_ld64h(const uint8_t *p, int *lo, int *hi)
-{
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    unsigned sh = 8 * (unsigned)((uintptr_t)p & 3);
-    uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
-    *lo = (int)__funnelshift_r(w0, w1, sh);
-    *hi = (int)__funnelshift_r(w1, w2, sh);
-}
 /* bits 0..3 of h to bit 4 of bytes 0..3 */
 static __device__ __forceinline__ int gf_bit4(uint32_t h)
 {
@@ -319,15 +309,13 @@ struct gf_q6_K {
         const int8_t *scales = (const int8_t *)(bx + 192);
         for (int j = 0; j < 4; j++)
             sc[j] = d * scales[8 * h + 2 * j + (l0 >> 4)];
-        int qa[2], qb[2], qh[2];   /* (the last of them ends at byte 192: the words around stay in the block) */
-        gf_ld64h(bx + 64 * h + l0, &qa[0], &qa[1]);
-        gf_ld64h(bx + 64 * h + 32 + l0, &qb[0], &qb[1]);
-        gf_ld64h(bx + 128 + 32 * h + l0, &qh[0], &qh[1]);
         for (int i = 0; i < 2; i++) {
-            v[0][i] = (qa[i] & 0x0F0F0F0F) | ((qh[i] << 4) & 0x30303030);
-            v[1][i] = (qb[i] & 0x0F0F0F0F) | ((qh[i] << 2) & 0x30303030);
-            v[2][i] = ((qa[i] >> 4) & 0x0F0F0F0F) | (qh[i] & 0x30303030);
-            v[3][i] = ((qb[i] >> 4) & 0x0F0F0F0F) | ((qh[i] >> 2) & 0x30303030);
+            int qa = gf_ld32h(bx + 64 * h + l0 + 4 * i), qb = gf_ld32h(bx + 64 * h + 32 + l0 + 4 * i);
+            int qh = gf_ld32h(bx + 128 + 32 * h + l0 + 4 * i);
+            v[0][i] = (qa & 0x0F0F0F0F) | ((qh << 4) & 0x30303030);
+            v[1][i] = (qb & 0x0F0F0F0F) | ((qh << 2) & 0x30303030);
+            v[2][i] = ((qa >> 4) & 0x0F0F0F0F) | (qh & 0x30303030);
+            v[3][i] = ((qb >> 4) & 0x0F0F0F0F) | ((qh >> 2) & 0x30303030);
         }
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
