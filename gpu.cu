@@ -908,6 +908,137 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
+/* ==== the Q6_K decode kernel: staged rows, the activation in registers ====
+ * Q6_K's 210-byte blocks leave a unit's bytes 2-aligned, so its rows
+ * cannot be loaded into registers unit by unit as gf_mvk_kernel loads
+ * Q4_K's. Here a warp loads its row's slice with aligned 16-byte loads (a
+ * round ahead, as gf_mvk_kernel's), stages it in its own shared memory,
+ * and each lane decodes its units from there against the activation it
+ * holds in registers for the whole kernel: gf_mv1_kernel re-read the
+ * activation from L1 for every row and was L1-bound (BENCH.md, thirteenth
+ * pass). Lane l's unit u (64 columns) is half h = u % 4 / 2 of superblock
+ * u / 4, columns 128h + 32i + 16j + 0..15 (j = u % 2, quarter i = 0..3:
+ * quant.c's k6_unpack), so its activation is four 16-byte pieces, and the
+ * sum of each piece's codes takes the codes' offset of 32 out of the
+ * products. Tiles, slices, rounds and the store are gf_mvk_kernel's. */
+/* the stage of a block of S slices (bytes) */
+static constexpr int gf_mvs_smem(int UL, int S)
+{
+    return S * GF_MVK_SUB * ((UL * 8 * 210 + 15) / 16 + 1 + GPU_WARP - 1) / GPU_WARP * GPU_WARP * 16;
+}
+
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
+{
+    enum { RT = GF_MVK_SUB, NB = UL * 8 * 210, NV = (NB + 15) / 16 + 1, NVL = (NV + GPU_WARP - 1) / GPU_WARP };
+    __shared__ float part[2][GF_MVK_SMAX][RT];
+    extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each (gf_mvs_smem) */
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
+    /* the slice's superblocks [sb0, sb0 + nsb): bytes from b0 of each row */
+    int sb0 = slice * UL * 8, nsb = min(UL * 8, U / 4 - sb0);
+    size_t b0 = (size_t)sb0 * 210;
+    /* the rows' aligned 16-byte vectors covering the slice: from a's start, o bytes before it */
+    auto fetch = [&](int r, int4 (&v)[NVL]) {
+        r = r < total ? r : total - 1;
+        int rr, pt = gf_mv_part(p, r, &rr);
+        const uint8_t *s = p.w[pt] + (size_t)rr * p.ldw + b0;
+        const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
+        int nv = ((int)((uintptr_t)s & 15) + nsb * 210 + 15) >> 4;
+#pragma unroll
+        for (int i = 0; i < NVL; i++)
+            if (lane + i * GPU_WARP < nv)
+                v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
+        return (int)((uintptr_t)s & 15);
+    };
+    int4 v[NVL];
+    int tile = blockIdx.x, o = 0;
+    if (tile < tiles)
+        o = fetch(tile * RT + sub, v);
+    gf_pdl_begin();
+    /* this lane's units: u = (slice·UL + k)·32 + lane */
+    size_t arow = (size_t)(g / p.a_div) * p.a_g;
+    const int4 *aq = (const int4 *)(p.aq + arow * p.n);
+    const gf_ads *ads = p.ads + arow * (p.n / GF_AB);
+    bool ok[UL];
+    int4 xa[UL][4];
+    float xd[UL][4];
+    int xs[UL][4];
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        int u = (slice * UL + k) * GPU_WARP + lane;
+        ok[k] = u < U;
+        int c0 = ok[k] ? 256 * (u / 4) + 128 * (u % 4 / 2) + 16 * (u % 2) : 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            xa[k][i] = aq[(c0 + 32 * i) / 16];
+            xd[k][i] = ads[(c0 + 32 * i) / GF_AB].x;
+            const int4 x = xa[k][i];
+            xs[k][i] = gpu_dp4a(x.x, 0x01010101, gpu_dp4a(x.y, 0x01010101, gpu_dp4a(x.z, 0x01010101,
+                                                                                      gpu_dp4a(x.w, 0x01010101, 0))));
+        }
+    }
+    int writer = threadIdx.x < RT;
+    float yo = writer && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    int4 *stage = gf_mvs_stage + warp * NVL * GPU_WARP;
+    const uint8_t *sm = (const uint8_t *)stage;
+    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
+        /* this round's row into the warp's stage, the next round's loads out */
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < NVL; i++)
+            stage[lane + i * GPU_WARP] = v[i];
+        __syncwarp();
+        int so = o;
+        float yn = 0.0f;
+        if (tile + (int)gridDim.x < tiles) {
+            o = fetch((tile + gridDim.x) * RT + sub, v);
+            if (writer)
+                yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < UL; k++) {
+            if (!ok[k])
+                continue;
+            int h = lane % 4 / 2, j = lane % 2;
+            const uint8_t *b = sm + so + (k * 8 + lane / 4) * 210;
+            float d = gf_h2f(gf_ld16(b + 208)), sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int *xi = (const int *)&xa[k][i];
+                int s = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    int lo = gf_ld32h(b + 64 * h + 32 * (i % 2) + 16 * j + 4 * w);
+                    int hi = gf_ld32h(b + 128 + 32 * h + 16 * j + 4 * w);
+                    int q = ((lo >> (4 * (i / 2))) & 0x0F0F0F0F) | (((hi >> (2 * i)) << 4) & 0x30303030);
+                    s = gpu_dp4a(q, xi[w], s);
+                }
+                float sc = (float)(int8_t)b[192 + 8 * h + 2 * i + j];
+                sum += sc * xd[k][i] * (float)(s - 32 * xs[k][i]);
+            }
+            acc += d * sum;
+        }
+        float sum = warp_sum(acc);
+        if (lane == 0)
+            part[round & 1][slice][sub] = sum;
+        __syncthreads();   /* one barrier a round: the next round writes the other half of part */
+        if (writer) {
+            int r = tile * RT + threadIdx.x;
+            if (r < total) {
+                float s = part[round & 1][0][threadIdx.x];
+                for (int i = 1; i < S; i++)
+                    s += part[round & 1][i][threadIdx.x];
+                int rr, pt = gf_mv_part(p, r, &rr);
+                gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), s, yo);
+            }
+        }
+        yo = yn;
+    }
+}
+
 /* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
  * A step of several sequences (gpu_eval_batch) multiplies each matrix by
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
@@ -2030,6 +2161,22 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, 0, s, p);
 }
 
+template <int UL>
+static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+{
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem(UL, S);
+    int tiles = (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB;
+    void (*k)(gf_mv) = gf_mvs_kernel<UL>;
+    static int per_sm[GF_MVK_SMAX + 1];
+    int sms = gf_sms(), b = 0;
+    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
+        b > 0)
+        per_sm[S] = b;
+    int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
+    dim3 grid(blocks < tiles ? blocks : tiles, groups);
+    gf_launch(k, grid, threads, smem, s, p);
+}
+
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
 static int gf_mvk_takes(int type, int n, int *UL, int *S)
 {
@@ -2056,6 +2203,12 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<1>(p, groups, S, s);
         else
             gf_mvk_launch<2>(p, groups, S, s);
+    } else if (nt == 1 && Q::BYTES == 210 && !p.ids && !gf_env("STRATA_GPU_MV_OLD") &&
+               (S = gf_mvk_shape(p.n, &UL)) > 0 && S <= 3) {   /* (a stage of 4 slices: over 48 KB) */
+        if (UL == 1)
+            gf_mvs_launch<1>(p, groups, S, s);
+        else
+            gf_mvs_launch<2>(p, groups, S, s);
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         if ((int)(grid.x * grid.y) < gf_sms())
