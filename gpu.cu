@@ -908,44 +908,101 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
-/* ==== the Q6_K decode kernel: staged rows, the activation in registers ====
- * Q6_K's 210-byte blocks leave a unit's bytes 2-aligned, so its rows
- * cannot be loaded into registers unit by unit as gf_mvk_kernel loads
- * Q4_K's. Here a warp loads its row's slice with aligned 16-byte loads (a
- * round ahead, as gf_mvk_kernel's), stages it in its own shared memory,
- * and each lane decodes its units from there against the activation it
- * holds in registers for the whole kernel: gf_mv1_kernel re-read the
- * activation from L1 for every row and was L1-bound (BENCH.md, thirteenth
- * pass). Lane l's unit u (64 columns) is half h = u % 4 / 2 of superblock
- * u / 4, columns 128h + 32i + 16j + 0..15 (j = u % 2, quarter i = 0..3:
- * quant.c's k6_unpack), so its activation is four 16-byte pieces, and the
- * sum of each piece's codes takes the codes' offset of 32 out of the
- * products. Tiles, slices, rounds and the store are gf_mvk_kernel's. */
-/* the stage of a block of S slices (bytes) */
-static constexpr int gf_mvs_smem(int UL, int S)
+/* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
+ * Q6_K's 210-byte and Q8_0's 34-byte blocks leave a unit's bytes 2-aligned,
+ * so their rows cannot be loaded into registers unit by unit as
+ * gf_mvk_kernel loads Q4_K's. Here a warp loads its row's slice with
+ * aligned 16-byte loads (a round ahead, as gf_mvk_kernel's), stages it in
+ * its own shared memory, and each lane decodes its units from there
+ * against the activation it holds in registers for the whole kernel:
+ * gf_mv1_kernel re-read the activation from L1 for every row and was
+ * L1-bound (BENCH.md, thirteenth pass). A lane's unit is 64 columns, its
+ * activation four 16-byte pieces (their blocks' scales, and the sums of
+ * their codes, which take Q6_K's offset of 32 out of the products). Tiles,
+ * slices, rounds and the store are gf_mvk_kernel's. */
+
+/* Q6_K: unit u is half h = u % 4 / 2 of superblock u / 4, columns 128h +
+ * 32i + 16j + 0..15 (j = u % 2, quarter i = 0..3: quant.c's k6_unpack) */
+struct gf_mvs_q6_K {
+    enum { SB = 210, UPS = 4 };   /* bytes and units of a superblock (256 columns) */
+    static __device__ int col(int u, int i) { return 256 * (u / 4) + 128 * (u % 4 / 2) + 16 * (u % 2) + 32 * i; }
+    /* the unit's product, its superblock's bytes at b */
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&xs)[4])
+    {
+        int h = u % 4 / 2, j = u % 2;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int *xi = (const int *)&xa[i];
+            int s = 0;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                int lo = gf_ld32h(b + 64 * h + 32 * (i % 2) + 16 * j + 4 * w);
+                int hi = gf_ld32h(b + 128 + 32 * h + 16 * j + 4 * w);
+                int q = ((lo >> (4 * (i / 2))) & 0x0F0F0F0F) | (((hi >> (2 * i)) << 4) & 0x30303030);
+                s = gpu_dp4a(q, xi[w], s);
+            }
+            float sc = (float)(int8_t)b[192 + 8 * h + 2 * i + j];
+            sum += sc * xd[i] * (float)(s - 32 * xs[i]);
+        }
+        return gf_h2f(gf_ld16(b + 208)) * sum;
+    }
+};
+
+/* Q8_0: unit u is blocks 2u, 2u + 1 (68 bytes from b) */
+struct gf_mvs_q8_0 {
+    enum { SB = 272, UPS = 4 };
+    static __device__ int col(int u, int i) { return 64 * u + 16 * i; }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&)[4])
+    {
+        b += 68 * (u % 4);
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int *x = (const int *)&xa[2 * k];
+            int s = 0;
+#pragma unroll
+            for (int w = 0; w < 8; w++)
+                s = gpu_dp4a(gf_ld32h(b + 34 * k + 2 + 4 * w), x[w], s);
+            sum += gf_h2f(gf_ld16(b + 34 * k)) * xd[2 * k] * (float)s;
+        }
+        return sum;
+    }
+};
+
+template <class F> struct gf_mvs_of { typedef gf_mvs_q8_0 G; };
+template <> struct gf_mvs_of<gf_q6_K> { typedef gf_mvs_q6_K G; };
+
+/* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
+ * one more where unaligned; per lane */
+template <class F>
+static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
 {
-    return S * GF_MVK_SUB * ((UL * 8 * 210 + 15) / 16 + 1 + GPU_WARP - 1) / GPU_WARP * GPU_WARP * 16;
+    return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + 1 + GPU_WARP - 1) / GPU_WARP;
 }
 
-template <int UL>
+template <class F, int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
-    enum { RT = GF_MVK_SUB, NB = UL * 8 * 210, NV = (NB + 15) / 16 + 1, NVL = (NV + GPU_WARP - 1) / GPU_WARP };
+    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: superblocks of 32 units */
     __shared__ float part[2][GF_MVK_SMAX][RT];
-    extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each (gf_mvs_smem) */
+    extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
-    int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
+    int U = p.n / 64, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* the slice's superblocks [sb0, sb0 + nsb): bytes from b0 of each row */
-    int sb0 = slice * UL * 8, nsb = min(UL * 8, U / 4 - sb0);
-    size_t b0 = (size_t)sb0 * 210;
-    /* the rows' aligned 16-byte vectors covering the slice: from a's start, o bytes before it */
+    int sb0 = slice * UL * SBW, nsb = min(UL * SBW, U / F::UPS - sb0);
+    size_t b0 = (size_t)sb0 * F::SB;
+    /* the row's aligned 16-byte vectors covering the slice; returns the
+     * slice's offset in the first */
     auto fetch = [&](int r, int4 (&v)[NVL]) {
         r = r < total ? r : total - 1;
         int rr, pt = gf_mv_part(p, r, &rr);
         const uint8_t *s = p.w[pt] + (size_t)rr * p.ldw + b0;
         const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
-        int nv = ((int)((uintptr_t)s & 15) + nsb * 210 + 15) >> 4;
+        int nv = ((int)((uintptr_t)s & 15) + nsb * F::SB + 15) >> 4;
 #pragma unroll
         for (int i = 0; i < NVL; i++)
             if (lane + i * GPU_WARP < nv)
@@ -969,11 +1026,11 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     for (int k = 0; k < UL; k++) {
         int u = (slice * UL + k) * GPU_WARP + lane;
         ok[k] = u < U;
-        int c0 = ok[k] ? 256 * (u / 4) + 128 * (u % 4 / 2) + 16 * (u % 2) : 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            xa[k][i] = aq[(c0 + 32 * i) / 16];
-            xd[k][i] = ads[(c0 + 32 * i) / GF_AB].x;
+            int c = ok[k] ? F::col(u, i) : 0;
+            xa[k][i] = aq[c / 16];
+            xd[k][i] = ads[c / GF_AB].x;
             const int4 x = xa[k][i];
             xs[k][i] = gpu_dp4a(x.x, 0x01010101, gpu_dp4a(x.y, 0x01010101, gpu_dp4a(x.z, 0x01010101,
                                                                                       gpu_dp4a(x.w, 0x01010101, 0))));
@@ -985,11 +1042,11 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     const uint8_t *sm = (const uint8_t *)stage;
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         /* this round's row into the warp's stage, the next round's loads out */
-        __syncwarp();
+        gpu_syncwarp();
 #pragma unroll
         for (int i = 0; i < NVL; i++)
             stage[lane + i * GPU_WARP] = v[i];
-        __syncwarp();
+        gpu_syncwarp();
         int so = o;
         float yn = 0.0f;
         if (tile + (int)gridDim.x < tiles) {
@@ -999,28 +1056,9 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         }
         float acc = 0.0f;
 #pragma unroll
-        for (int k = 0; k < UL; k++) {
-            if (!ok[k])
-                continue;
-            int h = lane % 4 / 2, j = lane % 2;
-            const uint8_t *b = sm + so + (k * 8 + lane / 4) * 210;
-            float d = gf_h2f(gf_ld16(b + 208)), sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int *xi = (const int *)&xa[k][i];
-                int s = 0;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    int lo = gf_ld32h(b + 64 * h + 32 * (i % 2) + 16 * j + 4 * w);
-                    int hi = gf_ld32h(b + 128 + 32 * h + 16 * j + 4 * w);
-                    int q = ((lo >> (4 * (i / 2))) & 0x0F0F0F0F) | (((hi >> (2 * i)) << 4) & 0x30303030);
-                    s = gpu_dp4a(q, xi[w], s);
-                }
-                float sc = (float)(int8_t)b[192 + 8 * h + 2 * i + j];
-                sum += sc * xd[k][i] * (float)(s - 32 * xs[k][i]);
-            }
-            acc += d * sum;
-        }
+        for (int k = 0; k < UL; k++)
+            if (ok[k])   /* (unit k·GPU_WARP + lane of the slice: in its superblock k·SBW + lane/UPS) */
+                acc += F::dot(sm + so + (k * SBW + lane / F::UPS) * F::SB, lane, xa[k], xd[k], xs[k]);
         float sum = warp_sum(acc);
         if (lane == 0)
             part[round & 1][slice][sub] = sum;
@@ -2161,12 +2199,12 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, 0, s, p);
 }
 
-template <int UL>
+template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem(UL, S);
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = S * GF_MVK_SUB * gf_mvs_nvl<F>(UL) * GPU_WARP * 16;
     int tiles = (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB;
-    void (*k)(gf_mv) = gf_mvs_kernel<UL>;
+    void (*k)(gf_mv) = gf_mvs_kernel<F, UL>;
     static int per_sm[GF_MVK_SMAX + 1];
     int sms = gf_sms(), b = 0;
     if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
@@ -2175,6 +2213,19 @@ static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
     dim3 grid(blocks < tiles ? blocks : tiles, groups);
     gf_launch(k, grid, threads, smem, s, p);
+}
+
+/* whether gf_mvs_kernel takes this product's one-row groups: Q6_K and
+ * Q8_0 rows of whole superblocks, no experts' ids, a stage within the 48
+ * KB a launch gets without asking */
+template <class Q>
+static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
+{
+    if ((Q::BYTES != 210 && Q::BYTES != 34) || p.n % 256 || p.ids || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
+        !(*S = gf_mvk_shape(p.n, UL)))
+        return 0;
+    typedef typename gf_mvs_of<Q>::G G;
+    return *S * GF_MVK_SUB * gf_mvs_nvl<G>(*UL) * GPU_WARP * 16 <= 48 * 1024;
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
@@ -2203,12 +2254,12 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<1>(p, groups, S, s);
         else
             gf_mvk_launch<2>(p, groups, S, s);
-    } else if (nt == 1 && Q::BYTES == 210 && !p.ids && !gf_env("STRATA_GPU_MV_OLD") &&
-               (S = gf_mvk_shape(p.n, &UL)) > 0 && S <= 3) {   /* (a stage of 4 slices: over 48 KB) */
+    } else if (nt == 1 && gf_mvs_takes<Q>(p, &UL, &S)) {
+        typedef typename gf_mvs_of<Q>::G G;
         if (UL == 1)
-            gf_mvs_launch<1>(p, groups, S, s);
+            gf_mvs_launch<G, 1>(p, groups, S, s);
         else
-            gf_mvs_launch<2>(p, groups, S, s);
+            gf_mvs_launch<G, 2>(p, groups, S, s);
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         if ((int)(grid.x * grid.y) < gf_sms())

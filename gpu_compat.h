@@ -156,6 +156,19 @@ static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
 }
 #endif
 
+/* The lanes of one warp meet: shared-memory writes before it show to every
+ * lane after it. */
+#ifdef GPU_CUDA
+#define gpu_syncwarp() __syncwarp()
+#else
+static __device__ __forceinline__ void gpu_syncwarp()
+{
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
+
 /* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
  * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
  * ahead of it has finished; it must call gpu_grid_wait before it touches
