@@ -17,8 +17,9 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B
-# shape), mv (the Q4_K products alone, at 1..16 rows; ncu-mv: Nsight Compute's counters of two of
-# them), 8b-q4k, 8b-q8, 30b-q4k, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K and Q8_0)
+# shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K and Q8_0 at one; ncu-mv: Nsight
+# Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8, 30b-q4k,
+# 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -65,9 +66,9 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
-batch() { # several sequences decoding together (bench --batch), the 8B shape at Q4_K and Q8_0, 512 cells
+batch() { # several sequences decoding together (bench --batch), the 8B shape at Q4_K, Q4_K_M and Q8_0, 512 cells
     local m=$T/batch.gguf
-    for type in q4_k q8_0; do
+    for type in q4_k q4_k_m q8_0; do
         $S synth --shape qwen3-8b --type $type -o "$m" >/dev/null || return
         echo "== batch: qwen3-8b $type, tg128 of B sequences together at 512 cells each"
         for b in 2 4 8 16; do
@@ -103,7 +104,7 @@ for step in "$@"; do
         tail -n 1 "$T/tests.log" ;;
     profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     profile-moe) STRATA_GPU_BENCH=moe "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
-    mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  Q4_K' ;;
+    mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  (Q4_K|Q6_K|Q8_0)' ;;
     ncu-mv) # the hardware counters of one 8B gate+up product: gf_mvk_kernel with one row (the mv
         # step's 41st launch of it), gf_mvq_kernel with 8 (its 281st: after 120 at 2 rows, 120 at 4)
         for k in gf_mvk_kernel:40 gf_mvq_kernel:280; do
@@ -111,11 +112,13 @@ for step in "$@"; do
                 --launch-skip "${k#*:}" --launch-count 1 --section SpeedOfLight --section Occupancy \
                 --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
                 --section ComputeWorkloadAnalysis --section LaunchStats "$B/test" gpu/mv/ 2>&1 |
-                grep -vE '^\s*$|^==PROF==|^  Q4_K'
+                grep -vE '^\s*$|^==PROF==|^  (Q4_K|Q6_K|Q8_0)'
         done ;;
     8b-q4k) bench_model q8b-q4k qwen3-8b q4_k ;;
+    8b-q4km) bench_model q8b-q4km qwen3-8b q4_k_m ;;
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
+    30b-q4km) bench_model q30b-q4km qwen3-30b-a3b q4_k_m ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
     batch) batch ;;
     sweep) sweep ;;

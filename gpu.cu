@@ -9,11 +9,12 @@
  * and a step of up to 16 sequences (gpu_eval_batch) as one pass, a graph for
  * each batch size. Products of more than 16 rows go to gpu_gemm.cu where it
  * takes the type, else to the matrix-vector kernels over batches of tokens
- * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K to tensor cores
- * (gf_mvq_kernel). STRATA_GPU_NO_GRAPH=1 runs decode without the graph,
- * STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
- * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel and
- * gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
+ * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
+ * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, Q6_K
+ * and Q8_0 to gf_mvs_kernel. STRATA_GPU_NO_GRAPH=1 runs decode without the
+ * graph, STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
+ * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel
+ * and gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
  * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
  * time through the matrix-vector kernels instead of gpu_gemm (A/B).
  * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
@@ -547,8 +548,9 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 }
 
 /* ==== the staged decode kernel (one activation row per group) ====
- * Decode for every type but Q4_K (which has gf_mvk_kernel below) and for
- * Q4_K rows wider than that kernel takes. Decode streams every weight byte
+ * Decode for the types without a kernel of their own below (gf_mvk_kernel:
+ * Q4_K; gf_mvs_kernel: Q6_K and Q8_0), for rows wider than those take, and
+ * for experts' stacks of Q6_K and Q8_0. Decode streams every weight byte
  * once: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
  * memory with aligned 16-byte loads (fully coalesced whatever the block
  * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next

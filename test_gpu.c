@@ -833,7 +833,7 @@ void test_gpu(void)
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
         }
-        if (types[i] == QT_Q8_0)   /* a width of 256s: gf_mvq_kernel's batch products */
+        if (types[i] == QT_Q8_0)   /* a width of 256s: gf_mvs_kernel (one row) and gf_mvq_kernel (batches) */
             tg_matvec_type(types[i], 5120, 67);
     }
     tg_kv_store();
