@@ -473,6 +473,26 @@ static __device__ __forceinline__ float gf_mv_old(const gf_mv &p, int g, int r, 
     return *gf_mv_at(p, pt, g, 0, rr);
 }
 
+/* The end of a round of the column-sliced kernels (gf_mvk_kernel,
+ * gf_mvs_kernel), after their barrier: rows r0 + 0..RT-1 take the sums of
+ * the S slices' warps (part: the round's half), added in slice order, and
+ * are stored by the first RT threads (old: each one's row's y, read before) */
+template <int SM, int RT>
+static __device__ __forceinline__ void gf_slices_store(const gf_mv &p, const float (&part)[SM][RT], int S, int g,
+                                                       int r0, int total, float old)
+{
+    if (threadIdx.x < RT) {
+        int r = r0 + threadIdx.x;
+        if (r < total) {
+            float sum = part[0][threadIdx.x];
+            for (int i = 1; i < S; i++)
+                sum += part[i][threadIdx.x];
+            int rr, pt = gf_mv_part(p, r, &rr);
+            gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), sum, old);
+        }
+    }
+}
+
 template <class Q, int NT>
 static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, int b, size_t arow, int nt,
                                                   float *acc)
@@ -891,16 +911,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 part[round & 1][slice][sub * R + j] = sum;
         }
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        if (threadIdx.x < RT) {
-            int r = tile * RT + threadIdx.x;
-            if (r < total) {
-                float sum = part[round & 1][0][threadIdx.x];
-                for (int i = 1; i < S; i++)
-                    sum += part[round & 1][i][threadIdx.x];
-                int rr, pt = gf_mv_part(p, r, &rr);
-                gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), sum, yo);
-            }
-        }
+        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo);
         yo = yn;
 #pragma unroll
         for (int j = 0; j < R; j++)
@@ -1065,16 +1076,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         if (lane == 0)
             part[round & 1][slice][sub] = sum;
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        if (writer) {
-            int r = tile * RT + threadIdx.x;
-            if (r < total) {
-                float s = part[round & 1][0][threadIdx.x];
-                for (int i = 1; i < S; i++)
-                    s += part[round & 1][i][threadIdx.x];
-                int rr, pt = gf_mv_part(p, r, &rr);
-                gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), s, yo);
-            }
-        }
+        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo);
         yo = yn;
     }
 }
