@@ -999,7 +999,7 @@ static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
 template <class F, int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
-    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: superblocks of 32 units */
+    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -1027,7 +1027,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     if (tile < tiles)
         o = fetch(tile * RT + sub, v);
     gf_pdl_begin();
-    /* this lane's units: u = (slice·UL + k)·32 + lane */
+    /* this lane's units: u = (slice·UL + k)·GPU_WARP + lane */
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
     const gf_ads *ads = p.ads + arow * (p.n / GF_AB);
