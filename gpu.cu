@@ -2185,38 +2185,44 @@ static int gf_sms(void)
     return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
+/* The column-sliced kernels' grid: one wave of the blocks of kernel k
+ * resident at once (*per_sm: how many an SM holds, asked once) over the
+ * groups, at most a block a tile. (A failed query: one block a group; the
+ * launch's own error check reports a broken device.) */
+static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int tiles)
+{
+    int sms = gf_sms(), b = 0;
+    if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
+        b > 0)
+        *per_sm = b;
+    int blocks = *per_sm ? (sms * *per_sm + groups - 1) / groups : 1;
+    return dim3(blocks < tiles ? blocks : tiles, groups);
+}
+
 template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
-    int tiles = (p.end[p.parts - 1] + rt - 1) / rt;
-    void (*k)(gf_mv) = gf_mvk_kernel<UL>;
-    /* the blocks of each size resident on an SM, asked once */
-    static int per_sm[GF_MVK_SMAX + 1];
-    int sms = gf_sms(), b = 0;
-    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) == gpuSuccess &&
-        b > 0)
-        per_sm[S] = b;
-    /* (a failed query: one block a group; the launch's own error check reports a broken device) */
-    int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
-    dim3 grid(blocks < tiles ? blocks : tiles, groups);
-    gf_launch(k, grid, threads, 0, s, p);
+    static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
+    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
+    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+}
+
+/* gf_mvs_kernel's stage for a block of S slices, in bytes */
+template <class F>
+static int gf_mvs_smem(int UL, int S)
+{
+    return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL) * GPU_WARP * 16;
 }
 
 template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = S * GF_MVK_SUB * gf_mvs_nvl<F>(UL) * GPU_WARP * 16;
-    int tiles = (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB;
-    void (*k)(gf_mv) = gf_mvs_kernel<F, UL>;
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S);
     static int per_sm[GF_MVK_SMAX + 1];
-    int sms = gf_sms(), b = 0;
-    if (!per_sm[S] && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
-        b > 0)
-        per_sm[S] = b;
-    int blocks = per_sm[S] ? (sms * per_sm[S] + groups - 1) / groups : 1;
-    dim3 grid(blocks < tiles ? blocks : tiles, groups);
-    gf_launch(k, grid, threads, smem, s, p);
+    dim3 grid = gf_wave(gf_mvs_kernel<F, UL>, threads, smem, &per_sm[S], groups,
+                        (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB);
+    gf_launch(gf_mvs_kernel<F, UL>, grid, threads, smem, s, p);
 }
 
 /* whether gf_mvs_kernel takes this product's one-row groups: Q6_K and
@@ -2229,7 +2235,7 @@ static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
         !(*S = gf_mvk_shape(p.n, UL)))
         return 0;
     typedef typename gf_mvs_of<Q>::G G;
-    return *S * GF_MVK_SUB * gf_mvs_nvl<G>(*UL) * GPU_WARP * 16 <= 48 * 1024;
+    return gf_mvs_smem<G>(*UL, *S) <= 48 * 1024;
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
