@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 /* ==== the staged decode kernel (one activation row per group) ====
  * Decode for the types without a kernel of their own below (gf_mvk_kernel:
  * Q4_K; gf_mvs_kernel: Q6_K and Q8_0), for rows wider than those take, and
- * for experts' stacks of Q6_K and Q8_0. Decode streams every weight byte
+ * for Q6_K and Q8_0 experts side by side. Decode streams every weight byte
  * once: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
  * memory with aligned 16-byte loads (fully coalesced whatever the block
  * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
@@ -1010,10 +1010,11 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     size_t b0 = (size_t)sb0 * F::SB;
     /* the row's aligned 16-byte vectors covering the slice; returns the
      * slice's offset in the first */
+    size_t eo = 0;   /* an expert stack's matrix: ids come from the kernel ahead, so after the wait */
     auto fetch = [&](int r, int4 (&v)[NVL]) {
         r = r < total ? r : total - 1;
         int rr, pt = gf_mv_part(p, r, &rr);
-        const uint8_t *s = p.w[pt] + (size_t)rr * p.ldw + b0;
+        const uint8_t *s = p.w[pt] + eo + (size_t)rr * p.ldw + b0;
         const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
         int nv = ((int)((uintptr_t)s & 15) + nsb * F::SB + 15) >> 4;
 #pragma unroll
@@ -1024,9 +1025,12 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     };
     int4 v[NVL];
     int tile = blockIdx.x, o = 0;
-    if (tile < tiles)
+    if (!p.ids && tile < tiles)
         o = fetch(tile * RT + sub, v);
     gf_pdl_begin();
+    eo = gf_group_off(p, g);
+    if (p.ids && tile < tiles)
+        o = fetch(tile * RT + sub, v);
     /* this lane's units: u = (slice·UL + k)·GPU_WARP + lane */
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -2218,24 +2222,26 @@ static int gf_mvs_smem(int UL, int S)
 template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
+    void (*k)(gf_mv) = gf_mvs_kernel<F, UL>;
     int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S);
-    static int per_sm[GF_MVK_SMAX + 1];
-    dim3 grid = gf_wave(gf_mvs_kernel<F, UL>, threads, smem, &per_sm[S], groups,
-                        (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB);
-    gf_launch(gf_mvs_kernel<F, UL>, grid, threads, smem, s, p);
+    static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
+    if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
+        asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
+    dim3 grid = gf_wave(k, threads, smem, &per_sm[S], groups, (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB);
+    gf_launch(k, grid, threads, smem, s, p);
 }
 
 /* whether gf_mvs_kernel takes this product's one-row groups: Q6_K and
- * Q8_0 rows of whole superblocks, no experts' ids, a stage within the 48
- * KB a launch gets without asking */
+ * Q8_0 rows of whole superblocks, of one matrix or an expert stack (not
+ * experts side by side), a stage of at most 96 KB */
 template <class Q>
 static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
 {
-    if ((Q::BYTES != 210 && Q::BYTES != 34) || p.n % 256 || p.ids || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
+    if ((Q::BYTES != 210 && Q::BYTES != 34) || p.n % 256 || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
         !(*S = gf_mvk_shape(p.n, UL)))
         return 0;
     typedef typename gf_mvs_of<Q>::G G;
-    return gf_mvs_smem<G>(*UL, *S) <= 48 * 1024;
+    return gf_mvs_smem<G>(*UL, *S) <= 96 * 1024;
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */

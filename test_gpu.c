@@ -602,7 +602,8 @@ static void tg_testdata(const char *file)
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
  * n_embd wide: the decode step's experts side by side take the Q4_K kernel
  * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
- * SMs) or the staged one (2304). Returns its path, or NULL. */
+ * SMs) or the staged one (2304); the Q8_0 gate/up stacks at 2304 take
+ * gf_mvs_kernel. Returns its path, or NULL. */
 static const char *tg_moe_model(const char *type, const char *n_embd)
 {
     static char path[64];
@@ -824,7 +825,8 @@ void test_gpu(void)
      * rows off 16-byte boundaries); K-quants also at the widths that take
      * one, two and three column slices of the Q4_K kernel. 67 rows take the
      * block-a-row decode kernel (too few rows for the SMs), 2240 the staged
-     * one (on up to 140 SMs). */
+     * one (on up to 140 SMs), where no one-row kernel of the type's own
+     * (gf_mvk_kernel, gf_mvs_kernel) takes the width. */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int k = quant_type(types[i])->blck == 256;
         tg_matvec_type(types[i], k ? 5120 : 5152, 67);
@@ -833,8 +835,10 @@ void test_gpu(void)
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
         }
-        if (types[i] == QT_Q8_0)   /* a width of 256s: gf_mvs_kernel (one row) and gf_mvq_kernel (batches) */
-            tg_matvec_type(types[i], 5120, 67);
+        if (types[i] == QT_Q8_0) {   /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
+            tg_matvec_type(types[i], 5120, 67);   /* and gf_mvq_kernel (batches) */
+            tg_matvec_type(types[i], 12288, 67);
+        }
     }
     tg_kv_store();
     tg_demo();
