@@ -1432,6 +1432,8 @@ static __device__ __forceinline__ void gf_act_store(const float (&v)[4], int ok,
  * would have after it (the same steps; the squares' sum in another order
  * of threads), then resets the count for the next launch. One kernel fewer
  * on the decode chain a norm. All the block's threads call it. */
+#define GF_THEN_PER 8   /* float4 of x a thread holds: x of up to 32·128 = 4096 (gf_then) */
+
 static __device__ void gf_then_norm(const gf_mv &p)
 {
     __shared__ int last;
@@ -1443,19 +1445,33 @@ static __device__ void gf_then_norm(const gf_mv &p)
     if (!last)
         return;
     __threadfence();
+    /* x and the weights, all loads in flight at once (one L2 round trip):
+     * a thread's elements 4·i4, i4 = threadIdx.x + k·blockDim.x; their
+     * squares added in that order, as gf_sumsq adds them */
     int n = p.end[0];
     const float4 *xr = (const float4 *)p.y[0];
-    double s = gf_block_sum(gf_sumsq<true>(xr, n));
+    float4 x[GF_THEN_PER], g[GF_THEN_PER];
+    double s = 0;
+#pragma unroll
+    for (int k = 0; k < GF_THEN_PER; k++) {
+        int i4 = threadIdx.x + k * blockDim.x;
+        x[k] = i4 < n / 4 ? gpu_ld_l2(xr + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        g[k] = i4 < n / 4 ? ((const float4 *)p.then.w)[i4] : x[k];
+    }
+#pragma unroll
+    for (int k = 0; k < GF_THEN_PER; k++)
+        s += (double)__fmul_rn(x[k].x, x[k].x) + (double)__fmul_rn(x[k].y, x[k].y) +
+             (double)__fmul_rn(x[k].z, x[k].z) + (double)__fmul_rn(x[k].w, x[k].w);
+    s = gf_block_sum(s);
     float scale = 1.0f / sqrtf((float)(s / n) + p.then.eps);
-    for (int i0 = 0; i0 < n / 4; i0 += blockDim.x) {
-        int i4 = i0 + threadIdx.x, ok = i4 < n / 4;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (ok) {
-            float4 a = gpu_ld_l2(xr + i4), g = ((const float4 *)p.then.w)[i4];
-            v[0] = __fmul_rn(__fmul_rn(a.x, scale), g.x), v[1] = __fmul_rn(__fmul_rn(a.y, scale), g.y);
-            v[2] = __fmul_rn(__fmul_rn(a.z, scale), g.z), v[3] = __fmul_rn(__fmul_rn(a.w, scale), g.w);
-        }
-        gf_act_store(v, ok, i4, 0, n, p.then.yf, p.then.q, p.then.ds, 0);
+#pragma unroll
+    for (int k = 0; k < GF_THEN_PER; k++) {
+        int i4 = threadIdx.x + k * blockDim.x;
+        if (k * blockDim.x >= n / 4)   /* (the whole block alike) */
+            break;
+        float v[4] = {__fmul_rn(__fmul_rn(x[k].x, scale), g[k].x), __fmul_rn(__fmul_rn(x[k].y, scale), g[k].y),
+                      __fmul_rn(__fmul_rn(x[k].z, scale), g[k].z), __fmul_rn(__fmul_rn(x[k].w, scale), g[k].w)};
+        gf_act_store(v, i4 < n / 4, i4, 0, n, p.then.yf, p.then.q, p.then.ds, 0);
     }
     if (threadIdx.x == 0)
         *p.then.count = 0;
@@ -2463,7 +2479,8 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
 static void gf_then(struct gpu_ctx *c, gf_mv *p, const float *nw, int T)
 {
 #ifdef GPU_CUDA
-    if (!nw || T != 1 || p->parts != 1 || gf_env("STRATA_GPU_NO_THEN"))
+    if (!nw || T != 1 || p->parts != 1 || p->end[0] > GF_THEN_PER * 4 * GF_MVK_SUB * GPU_WARP ||
+        gf_env("STRATA_GPU_NO_THEN"))
         return;
     p->then.w = nw, p->then.eps = c->g->hp.rms_eps;
     p->then.yf = c->xn, p->then.q = c->aq, p->then.ds = c->ads, p->then.count = c->count;
