@@ -413,21 +413,7 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* then (w not NULL): a one-row product into x, after which the block
-     * that ends last forms the next product's activation RMSNorm(x)·w
-     * into yf and the int8 blocks q, ds (gf_then_norm); count: zero
-     * between launches */
-    struct {
-        const float *w;
-        float eps;
-        float *yf;
-        int8_t *q;
-        gf_ads *ds;
-        unsigned *count;
-    } then;
 };
-
-static __device__ void gf_then_norm(const gf_mv &p);
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
  * row lies at the returned byte offset from its row's start in w[0] (in
@@ -933,8 +919,6 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
-    if (p.then.w)
-        gf_then_norm(p);
 }
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
@@ -1099,8 +1083,6 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo);
         yo = yn;
     }
-    if (p.then.w)
-        gf_then_norm(p);
 }
 
 /* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
@@ -1384,99 +1366,6 @@ static __device__ double gf_block_sum(double v)
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 #define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
-/* The squares of row xr (n wide) summed by this thread, in double: a
- * thread's loads go out together (GF_ACT_NV a pass: the whole row at 4096
- * wide with 256 threads), not one L2 round trip after the other; the
- * squares are added in the same order either way. FRESH: read from L2
- * (x written by other blocks of the running kernel). */
-template <bool FRESH>
-static __device__ double gf_sumsq(const float4 *xr, int n)
-{
-    double s = 0;
-    for (int i0 = threadIdx.x; i0 < n / 4; i0 += GF_ACT_NV * blockDim.x) {
-        float4 v[GF_ACT_NV];
-#pragma unroll
-        for (int k = 0; k < GF_ACT_NV; k++) {
-            int i = i0 + k * blockDim.x;
-            v[k] = i >= n / 4 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : FRESH ? gpu_ld_l2(xr + i) : xr[i];
-        }
-#pragma unroll
-        for (int k = 0; k < GF_ACT_NV; k++)
-            s += (double)__fmul_rn(v[k].x, v[k].x) + (double)__fmul_rn(v[k].y, v[k].y) +
-                 (double)__fmul_rn(v[k].z, v[k].z) + (double)__fmul_rn(v[k].w, v[k].w);
-    }
-    return s;
-}
-
-/* Elements 4·i4.. of row `row` (v, ok: whether they exist) as f32 into yf
- * (unless NULL) and as int8 codes with their block's scale. The whole warp
- * calls it (gq_q8_act's shuffles); lanes past the row store nothing. */
-static __device__ __forceinline__ void gf_act_store(const float (&v)[4], int ok, int i4, size_t row, int n,
-                                                    float *yf, int8_t *q, gf_ads *ds, int bt)
-{
-    int qi[4];
-    gf_ads sc = gq_q8_act<4>(v, qi);
-    if (!ok)
-        return;
-    if (yf)
-        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
-    size_t at = gq_act_at(row * n + 4 * (size_t)i4, n, bt);
-    *(char4 *)(q + at) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
-    if (i4 % (GF_AB / 4) == 0)
-        ds[at / GF_AB] = sc;
-}
-
-/* The end of a one-row product into x that carries gf_mv.then (decode's
- * wo and down): every block counts itself done, and the one that ends last
- * forms the next product's activation, RMSNorm(x)·w, as gf_act_kernel
- * would have after it (the same steps; the squares' sum in another order
- * of threads), then resets the count for the next launch. One kernel fewer
- * on the decode chain a norm. All the block's threads call it. */
-#define GF_THEN_PER 8   /* float4 of x a thread holds: x of up to 32·128 = 4096 (gf_then) */
-
-static __device__ void gf_then_norm(const gf_mv &p)
-{
-    __shared__ int last;
-    __threadfence();   /* this thread's rows of x, visible before the count says so */
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(p.then.count, 1u) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    /* x and the weights, all loads in flight at once (one L2 round trip):
-     * a thread's elements 4·i4, i4 = threadIdx.x + k·blockDim.x; their
-     * squares added in that order, as gf_sumsq adds them */
-    int n = p.end[0];
-    const float4 *xr = (const float4 *)p.y[0];
-    float4 x[GF_THEN_PER], g[GF_THEN_PER];
-    double s = 0;
-#pragma unroll
-    for (int k = 0; k < GF_THEN_PER; k++) {
-        int i4 = threadIdx.x + k * blockDim.x;
-        x[k] = i4 < n / 4 ? gpu_ld_l2(xr + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        g[k] = i4 < n / 4 ? ((const float4 *)p.then.w)[i4] : x[k];
-    }
-#pragma unroll
-    for (int k = 0; k < GF_THEN_PER; k++)
-        s += (double)__fmul_rn(x[k].x, x[k].x) + (double)__fmul_rn(x[k].y, x[k].y) +
-             (double)__fmul_rn(x[k].z, x[k].z) + (double)__fmul_rn(x[k].w, x[k].w);
-    s = gf_block_sum(s);
-    float scale = 1.0f / sqrtf((float)(s / n) + p.then.eps);
-#pragma unroll
-    for (int k = 0; k < GF_THEN_PER; k++) {
-        int i4 = threadIdx.x + k * blockDim.x;
-        if (k * blockDim.x >= n / 4)   /* (the whole block alike) */
-            break;
-        float v[4] = {__fmul_rn(__fmul_rn(x[k].x, scale), g[k].x), __fmul_rn(__fmul_rn(x[k].y, scale), g[k].y),
-                      __fmul_rn(__fmul_rn(x[k].z, scale), g[k].z), __fmul_rn(__fmul_rn(x[k].w, scale), g[k].w)};
-        gf_act_store(v, i4 < n / 4, i4, 0, n, p.then.yf, p.then.q, p.then.ds, 0);
-    }
-    if (threadIdx.x == 0)
-        *p.then.count = 0;
-}
-
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds,
@@ -1490,7 +1379,22 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
     const float4 *xr = (const float4 *)(x + row * n);
     float scale = 1.0f;
     if (MODE == GF_ACT_NORM) { /* every block of the row sums the whole row: the same sum */
-        double s = gf_block_sum(gf_sumsq<false>(xr, n));
+        double s = 0;
+        /* a thread's loads go out together (GF_ACT_NV a pass: the whole row at 4096 wide), not one
+         * L2 round trip after the other; the squares are added in the same order either way */
+        for (int i0 = threadIdx.x; i0 < n / 4; i0 += GF_ACT_NV * blockDim.x) {
+            float4 v[GF_ACT_NV];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++) {
+                int i = i0 + k * blockDim.x;
+                v[k] = i < n / 4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                s += (double)__fmul_rn(v[k].x, v[k].x) + (double)__fmul_rn(v[k].y, v[k].y) +
+                     (double)__fmul_rn(v[k].z, v[k].z) + (double)__fmul_rn(v[k].w, v[k].w);
+        }
+        s = gf_block_sum(s);
         scale = 1.0f / sqrtf((float)(s / n) + eps);
     }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
@@ -1509,7 +1413,16 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
                 v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
         }
     }
-    gf_act_store(v, ok, i4, row, n, yf, q, ds, bt);
+    int qi[4];
+    gf_ads sc = gq_q8_act<4>(v, qi);
+    if (!ok)
+        return;
+    if (yf)
+        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
+    size_t at = gq_act_at(row * n + 4 * (size_t)i4, n, bt);
+    *(char4 *)(q + at) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
+    if (i4 % (GF_AB / 4) == 0)
+        ds[at / GF_AB] = sc;
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -1934,8 +1847,6 @@ struct gpu_ctx {
     int8_t *aq;
     gf_ads *ads;
     int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
-    int normed;            /* the last product into x formed the next RMSNorm too (gf_then) */
-    unsigned *count;       /* gf_mv.then's count of blocks done: zero between launches */
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
@@ -2350,10 +2261,8 @@ static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 }
 #endif
 
-/* Launches p's kernel; returns 1 where that kernel forms p.then (the
- * column-sliced ones), else 0 (the others leave it to the caller). */
 template <class Q>
-static int gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
+static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
@@ -2361,14 +2270,12 @@ static int gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<1>(p, groups, S, s);
         else
             gf_mvk_launch<2>(p, groups, S, s);
-        return 1;
     } else if (nt == 1 && gf_mvs_takes<Q>(p, &UL, &S)) {
         typedef typename gf_mvs_of<Q>::G G;
         if (UL == 1)
             gf_mvs_launch<G, 1>(p, groups, S, s);
         else
             gf_mvs_launch<G, 2>(p, groups, S, s);
-        return 1;
     } else if (nt == 1) {
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         if ((int)(grid.x * grid.y) < gf_sms())
@@ -2388,7 +2295,6 @@ static int gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
         gf_launch(gf_mv_kernel<Q, GF_NT, 1>, grid, GF_MV_WARPS * GPU_WARP, 0, s, p);
     }
-    return 0;
 }
 
 /* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
@@ -2406,28 +2312,26 @@ static int gf_mvq_takes(int type, int n, int T)
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
  * GF_MMA_T (one group of up to 16 rows: gf_mvq_kernel, where gf_mvq_takes) */
-/* -1 on error, else whether the kernel formed p.then (gf_mv_launch_t) */
 static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_t s, char *err, size_t errlen)
 {
-    int then;
     switch (type) {
-    case QT_F32: then = gf_mv_launch_t<gf_f32>(p, groups, nt, s); break;
-    case QT_F16: then = gf_mv_launch_t<gf_f16>(p, groups, nt, s); break;
-    case QT_BF16: then = gf_mv_launch_t<gf_bf16>(p, groups, nt, s); break;
-    case QT_Q4_0: then = gf_mv_launch_t<gf_q4_0>(p, groups, nt, s); break;
-    case QT_Q4_1: then = gf_mv_launch_t<gf_q4_1>(p, groups, nt, s); break;
-    case QT_Q5_0: then = gf_mv_launch_t<gf_q5_0>(p, groups, nt, s); break;
-    case QT_Q5_1: then = gf_mv_launch_t<gf_q5_1>(p, groups, nt, s); break;
-    case QT_Q8_0: then = gf_mv_launch_t<gf_q8_0>(p, groups, nt, s); break;
-    case QT_Q4_K: then = gf_mv_launch_t<gf_q4_K>(p, groups, nt, s); break;
-    case QT_Q5_K: then = gf_mv_launch_t<gf_q5_K>(p, groups, nt, s); break;
-    case QT_Q6_K: then = gf_mv_launch_t<gf_q6_K>(p, groups, nt, s); break;
+    case QT_F32: gf_mv_launch_t<gf_f32>(p, groups, nt, s); break;
+    case QT_F16: gf_mv_launch_t<gf_f16>(p, groups, nt, s); break;
+    case QT_BF16: gf_mv_launch_t<gf_bf16>(p, groups, nt, s); break;
+    case QT_Q4_0: gf_mv_launch_t<gf_q4_0>(p, groups, nt, s); break;
+    case QT_Q4_1: gf_mv_launch_t<gf_q4_1>(p, groups, nt, s); break;
+    case QT_Q5_0: gf_mv_launch_t<gf_q5_0>(p, groups, nt, s); break;
+    case QT_Q5_1: gf_mv_launch_t<gf_q5_1>(p, groups, nt, s); break;
+    case QT_Q8_0: gf_mv_launch_t<gf_q8_0>(p, groups, nt, s); break;
+    case QT_Q4_K: gf_mv_launch_t<gf_q4_K>(p, groups, nt, s); break;
+    case QT_Q5_K: gf_mv_launch_t<gf_q5_K>(p, groups, nt, s); break;
+    case QT_Q6_K: gf_mv_launch_t<gf_q6_K>(p, groups, nt, s); break;
     default:
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
                            gguf_type_name(type));
     }
     GF_LAUNCH_CHECK(err, errlen);
-    return then;
+    return 0;
 }
 
 /* Activation rows (T, n) into the int8 blocks (and f32 into yf). */
@@ -2454,7 +2358,6 @@ struct gf_out {
     float *y;
     size_t ldy;
     const float *bias;
-    const float *then;   /* a product into x: the next RMSNorm's weights (gf_then) */
 };
 
 /* The layout (gq_act_at's bt) in which the int8 activation of T rows is
@@ -2470,25 +2373,6 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
     return T;
 }
 
-/* Asks p, a one-row decode product into x, to form the next product's
- * activation RMSNorm(x)·nw at its end (gf_mv.then: one kernel fewer on the
- * decode chain a norm); gf_mv_launch says whether its kernel did. CUDA
- * only: on HIP the pairing of __threadfence and gpu_ld_l2 it relies on has
- * run on no AMD GPU, so gf_act_kernel stays. STRATA_GPU_NO_THEN=1 turns it
- * off (A/B). */
-static void gf_then(struct gpu_ctx *c, gf_mv *p, const float *nw, int T)
-{
-#ifdef GPU_CUDA
-    if (!nw || T != 1 || p->parts != 1 || p->end[0] > GF_THEN_PER * 4 * GF_MVK_SUB * GPU_WARP ||
-        gf_env("STRATA_GPU_NO_THEN"))
-        return;
-    p->then.w = nw, p->then.eps = c->g->hp.rms_eps;
-    p->then.yf = c->xn, p->then.q = c->aq, p->then.ds = c->ads, p->then.count = c->count;
-#else
-    (void)c, (void)p, (void)nw, (void)T;
-#endif
-}
-
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
@@ -2497,7 +2381,6 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
                        int accumulate, char *err, size_t errlen)
 {
     int done[GF_PARTS] = {0};
-    c->normed = 0;
     for (int i = 0; i < n_out; i++) {
         const struct gf_mat *w = o[i].w;
         if (!(T > GF_DECODE_T && c->gemm_ok && gpu_gemm_supports(w->type)))
@@ -2547,11 +2430,8 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        gf_then(c, &p, o[i].then, T);
-        int then = gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen);
-        if (then < 0)
+        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
-        c->normed = then && p.then.w;
     }
     return 0;
 }
@@ -2577,7 +2457,7 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (gf_mv_launch(w[i]->type, p, n_groups, 1, c->stream, err, errlen) < 0)
+        if (gf_mv_launch(w[i]->type, p, n_groups, 1, c->stream, err, errlen))
             return -1;
         i = j;
     }
@@ -2585,13 +2465,10 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
 }
 
 /* Decode: the experts' down products and their weighted sum added into x
- * in one launch, the T tokens' U experts side by side (gf_mv's ne), and
- * the next RMSNorm (weights nw) where the kernel can (gf_then); 1 for
+ * in one launch, the T tokens' U experts side by side (gf_mv's ne); 1 for
  * prompts (the caller runs them one by one, then gf_moe_sum_kernel). */
-static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T, int U, const float *nw, char *err,
-                               size_t errlen)
+static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T, int U, char *err, size_t errlen)
 {
-    c->normed = 0;
     if (T > GF_DECODE_T)
         return 1;
     gf_mv p;
@@ -2601,12 +2478,7 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
     p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
     p.aq = c->aq, p.ads = c->ads, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
-    gf_then(c, &p, nw, T);
-    int then = gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen);
-    if (then < 0)
-        return -1;
-    c->normed = then && p.then.w;
-    return 0;
+    return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
 static void gf_kv_desc(struct gpu_ctx *c, struct gpu_kv *d)
@@ -2708,15 +2580,13 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int HE = H * E, KE = K * E;
     gpuStream_t s = c->stream;
 
-    struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL, NULL}, {&ly->wk, c->k, (size_t)KE, NULL, NULL},
-                            {&ly->wv, c->v, (size_t)KE, NULL, NULL}};
+    struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
+                            {&ly->wv, c->v, (size_t)KE, NULL}};
     c->abt = gf_act_bt(qkv, 3, T);
-    if ((!c->normed && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq,
-                              c->ads, err, errlen)) ||
+    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
+               errlen) ||
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
-    /* the products into x form the next RMSNorm where they can (gf_then) */
-    const float *next_norm = il + 1 < hp->n_layer ? c->g->layers[il + 1].attn_norm : c->g->output_norm;
     gf_mark(c, GF_ST_QKV);
     gf_qkv qp;
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
@@ -2733,19 +2603,19 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
-    struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo, ly->ffn_norm};
+    struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo};
     c->abt = gf_act_bt(&wo, 1, T);
     int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
     int F = ly->gate.rows;
-    struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL, NULL}, {&ly->up, c->up, (size_t)F, NULL, NULL}};
-    struct gf_out down = {&ly->down, c->x, (size_t)D, NULL, next_norm};
+    struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
+    struct gf_out down = {&ly->down, c->x, (size_t)D, NULL};
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) || gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen) ||
         (gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
-        (!c->normed && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq,
-                              c->ads, err, errlen)))
+        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
+               errlen))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
@@ -2757,7 +2627,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         return rc;
     }
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
-    struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL, NULL};
+    struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL};
     if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
@@ -2773,7 +2643,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
-        rc = gf_down_experts_sum(c, dn, T, U, next_norm, err, errlen);
+        rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         summed = rc == 0;
         if (rc > 0)
             rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
@@ -2799,17 +2669,16 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
               (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_EMBED);
-    c->normed = 0;
     for (int il = 0; il < hp->n_layer; il++)
         if (gf_layer(c, il, T, err, errlen))
             return -1;
     int n = T - out0;
     if (n <= 0)
         return 0;
-    struct gf_out head = {&g->output, c->logits, (size_t)V, g->output_b, NULL};
+    struct gf_out head = {&g->output, c->logits, (size_t)V, g->output_b};
     c->abt = gf_act_bt(&head, 1, n);
-    int rc = (!c->normed && gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm,
-                                   hp->rms_eps, D, n, c->abt, c->xn, c->aq, c->ads, err, errlen)) ||
+    int rc = gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm, hp->rms_eps, D, n,
+                    c->abt, c->xn, c->aq, c->ads, err, errlen) ||
              gf_matmul_n(c, &head, 1, c->xn, n, 0, err, errlen) ? -1 : 0;
     gf_mark(c, GF_ST_HEAD);
     return rc;
@@ -2826,7 +2695,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->offs, c->xs, c->count};
+                    c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -2931,11 +2800,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
-             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ||
-             gf_alloc((void **)&c->count, sizeof(unsigned), err, errlen) ? -1 : 0;
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
     }
-    if (!rc && (e = gpuMemset(c->count, 0, sizeof(unsigned))) != gpuSuccess)
-        rc = strata_errf(err, errlen, "gpuMemset: %s", gpuGetErrorString(e));
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, gf_io_ints(c) * sizeof(int32_t));
         if (e == gpuSuccess)
@@ -3138,7 +3004,7 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
         rc = strata_errf(err, errlen, "copy to the device failed");
     if (!rc) {
         struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
-        struct gf_out o = {&m, dy, (size_t)rows, NULL, NULL};
+        struct gf_out o = {&m, dy, (size_t)rows, NULL};
         int am = mode == GPU_TEST_NORM ? GF_ACT_NORM : mode == GPU_TEST_SWIGLU ? GF_ACT_SWIGLU : GF_ACT_PLAIN;
         c.abt = rows_in_turn ? 0 : gf_act_bt(&o, 1, T);
         rc = gf_act(c.stream, am, dx, mode == GPU_TEST_SWIGLU ? db : NULL, mode == GPU_TEST_NORM ? db : NULL, 1e-6f, n,
@@ -3207,7 +3073,7 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
         rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
         for (int j = 0; j < reps && !rc; j++, i++) {
             struct gf_mat m = {dw + bytes * (size_t)(i % copies), type, n, rows, ldw, ldw * rows};
-            struct gf_out o = {&m, dy, (size_t)rows, NULL, NULL};
+            struct gf_out o = {&m, dy, (size_t)rows, NULL};
             c.abt = gf_act_bt(&o, 1, T);
             rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, n, T, c.abt, NULL, c.aq, c.ads, err, errlen) ||
                  gf_matmul_n(&c, &o, 1, dx, T, 0, err, errlen);

@@ -169,18 +169,6 @@ static __device__ __forceinline__ void gpu_syncwarp()
 }
 #endif
 
-/* A load from L2, past this SM's L1: memory other blocks of the running
- * kernel wrote (after their __threadfence and an atomic that says so). */
-static __device__ __forceinline__ float4 gpu_ld_l2(const float4 *p)
-{
-#ifdef GPU_CUDA
-    return __ldcg(p);
-#else
-    const volatile float *v = (const volatile float *)p;   /* glc loads */
-    return make_float4(v[0], v[1], v[2], v[3]);
-#endif
-}
-
 /* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
  * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
  * ahead of it has finished; it must call gpu_grid_wait before it touches
