@@ -1366,6 +1366,24 @@ static __device__ double gf_block_sum(double v)
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
 #define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
+/* Elements 4·i4.. of row `row` (v; ok: whether to store them) as f32 into
+ * yf (unless NULL) and as int8 codes with their block's scale. The whole
+ * warp calls it (gq_q8_act's shuffles within each 8 lanes' block). */
+static __device__ __forceinline__ void gf_act_store(const float (&v)[4], bool ok, int i4, size_t row, int n,
+                                                    float *yf, int8_t *q, gf_ads *ds, int bt)
+{
+    int qi[4];
+    gf_ads sc = gq_q8_act<4>(v, qi);
+    if (!ok)
+        return;
+    if (yf)
+        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
+    size_t at = gq_act_at(row * n + 4 * (size_t)i4, n, bt);
+    *(char4 *)(q + at) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
+    if (i4 % (GF_AB / 4) == 0)
+        ds[at / GF_AB] = sc;
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds,
@@ -1413,16 +1431,70 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
                 v[k] = __fmul_rn(v[k] / (1.0f + expf(-v[k])), uw[k]);
         }
     }
-    int qi[4];
-    gf_ads sc = gq_q8_act<4>(v, qi);
-    if (!ok)
-        return;
-    if (yf)
-        ((float4 *)(yf + row * n))[i4] = make_float4(v[0], v[1], v[2], v[3]);
-    size_t at = gq_act_at(row * n + 4 * (size_t)i4, n, bt);
-    *(char4 *)(q + at) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
-    if (i4 % (GF_AB / 4) == 0)
-        ds[at / GF_AB] = sc;
+    gf_act_store(v, ok, i4, row, n, yf, q, ds, bt);
+}
+
+/* ==== MoE decode: the FFN's RMSNorm and the router in one kernel ====
+ * One token, an F32 router of X rows: block e forms the whole normalised
+ * row itself (every block the same sum) and the router's logit e. The
+ * norm takes gf_act_kernel's steps in its thread layout and the logit
+ * gf_mvrow_kernel's sums in their order, so both come out bit for bit as
+ * those two kernels wrote them; block e writes the row's int8 blocks j
+ * with j % X == e (and f32 into yf) for the experts. The norm's and the
+ * router row's weights load before the wait. Against the two kernels: a
+ * kernel boundary and an L2 round trip fewer on a MoE layer's chain. */
+#define GF_NR_PER 8   /* float4 a thread holds: rows up to 8 · 4 · GF_ACT_THREADS = 8192 wide */
+
+__global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const float *x, const float *nw, float eps,
+                                                                        const float *wr, size_t ldw, int n,
+                                                                        float *router, float *yf, int8_t *q,
+                                                                        gf_ads *ds)
+{
+    __shared__ float part[GF_ACT_THREADS / GPU_WARP];
+    int e = blockIdx.x, n4 = n / 4;
+    const float4 *w4 = (const float4 *)((const uint8_t *)wr + (size_t)e * ldw), *g4 = (const float4 *)nw;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 g[GF_NR_PER], w[GF_NR_PER], xv[GF_NR_PER];
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        g[k] = i4 < n4 ? g4[i4] : zero;
+        w[k] = i4 < n4 ? w4[i4] : zero;
+    }
+    gf_pdl_begin();
+    double s = 0;   /* a thread's squares in gf_sumsq's order */
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        xv[k] = i4 < n4 ? ((const float4 *)x)[i4] : zero;
+    }
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++)
+        s += (double)__fmul_rn(xv[k].x, xv[k].x) + (double)__fmul_rn(xv[k].y, xv[k].y) +
+             (double)__fmul_rn(xv[k].z, xv[k].z) + (double)__fmul_rn(xv[k].w, xv[k].w);
+    s = gf_block_sum(s);
+    float scale = 1.0f / sqrtf((float)(s / n) + eps), acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        if (k * GF_ACT_THREADS >= n4)   /* (the whole block alike) */
+            break;
+        float v[4] = {__fmul_rn(__fmul_rn(xv[k].x, scale), g[k].x), __fmul_rn(__fmul_rn(xv[k].y, scale), g[k].y),
+                      __fmul_rn(__fmul_rn(xv[k].z, scale), g[k].z), __fmul_rn(__fmul_rn(xv[k].w, scale), g[k].w)};
+        if (i4 < n4)   /* gf_f32::dotf's sum */
+            acc += w[k].x * v[0] + w[k].y * v[1] + w[k].z * v[2] + w[k].w * v[3];
+        gf_act_store(v, i4 < n4 && (int)(i4 / (GF_AB / 4)) % (int)gridDim.x == e, i4, 0, n, yf, q, ds, 0);
+    }
+    acc = warp_sum(acc);
+    if (threadIdx.x % GPU_WARP == 0)
+        part[threadIdx.x / GPU_WARP] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = part[0];
+        for (int i = 1; i < GF_ACT_THREADS / GPU_WARP; i++)
+            sum += part[i];
+        router[e] = sum;
+    }
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
@@ -2605,6 +2677,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 
     struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo};
     c->abt = gf_act_bt(&wo, 1, T);
+    /* one-token MoE with an F32 router: its norm and router in one kernel
+     * (STRATA_GPU_NO_NORM_ROUTER=1: the two, for comparisons) */
+    int norm_router = ly->moe && T == 1 && ly->gate_inp.type == QT_F32 && D % GF_AB == 0 &&
+                      D <= GF_NR_PER * 4 * GF_ACT_THREADS && !gf_env("STRATA_GPU_NO_NORM_ROUTER");
     int quantised = gf_attention(c, il, T, err, errlen);   /* 1: the output's int8 blocks written too */
     int F = ly->gate.rows;
     struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
@@ -2614,8 +2690,8 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) || gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen) ||
         (gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
-        gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
-               errlen))
+        (!norm_router && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq,
+                                c->ads, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
@@ -2628,7 +2704,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     }
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
     struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL};
-    if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
+    if (norm_router) {
+        gf_launch(gf_norm_router_kernel, X, GF_ACT_THREADS, 0, s, (const float *)c->x, ly->ffn_norm, hp->rms_eps,
+                  (const float *)ly->gate_inp.d, ly->gate_inp.ldw, D, c->router, c->xn, c->aq, c->ads);
+        GF_LAUNCH_CHECK(err, errlen);
+    } else if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
     gf_launch(gf_route_kernel, T, GPU_WARP, (size_t)X * sizeof(float), s, c->router, X, U, c->sel, c->selw);
     GF_LAUNCH_CHECK(err, errlen);

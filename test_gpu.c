@@ -282,11 +282,12 @@ static int tg_gpu_open(struct tg_gpu *t, struct model *m, int cell, int n_ctx, i
                ? 0 : -1;
 }
 
-static void tg_gpu_close(struct tg_gpu *t)
+static void tg_gpu_close(struct tg_gpu *t)   /* (again: nothing) */
 {
     gpu_ctx_free(t->c);
     kv_free(t->kv);
     gpu_model_free(t->g);
+    memset(t, 0, sizeof *t);
 }
 
 /* Evaluates ids[0..n) from an empty sequence: the first n_prompt as one
@@ -620,6 +621,45 @@ static const char *tg_moe_model(const char *type, const char *n_embd)
     return path;
 }
 
+/* Decode logits on fresh contexts with and without the switch env (a
+ * path's comparison form, which must compute the same sums in the same
+ * order): equal bit for bit. */
+static void tg_same(const char *label, const char *path, const char *env)
+{
+    char err[256];
+    struct model *m = NULL;
+    struct tg_gpu t = {0};
+    enum { N = 40, NP = 8 };
+    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
+        return;
+    int V = model_hp(m)->n_vocab;
+    int32_t ids[N];
+    unsigned seed = 11;
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
+    float *a = malloc(sizeof(float) * N * V), *b = malloc(sizeof(float) * N * V);
+    int rc = tg_gpu_open(&t, m, KV_CELL_F16, 64, 16) || tg_gpu_run(&t, ids, N, NP, a, V);
+    tg_gpu_close(&t);
+    setenv(env, "1", 1);
+    rc = rc || tg_gpu_open(&t, m, KV_CELL_F16, 64, 16) || tg_gpu_run(&t, ids, N, NP, b, V);
+    unsetenv(env);
+    if (!rc) {
+        int differ = 0, nonfinite = 0;
+        double worst = 0;
+        for (size_t i = (size_t)NP * V; i < (size_t)N * V; i++) {
+            differ += a[i] != b[i];
+            nonfinite += !isfinite(a[i]);
+            worst = fmax(worst, fabs((double)a[i] - b[i]));
+        }
+        printf("  %s: decode logits against %s=1: %d of %d differ (max |d| %.3g)\n", label, env, differ,
+               (N - NP) * V, worst);
+        CHECK(differ == 0 && nonfinite == 0, "%d differ, %d not finite", differ, nonfinite);
+    }
+    tg_gpu_close(&t);
+    free(a), free(b);
+    model_free(m);
+}
+
 static void tg_moe(void)
 {
     char err[256];
@@ -629,10 +669,14 @@ static void tg_moe(void)
     const char *path = tg_moe_model("Q6_K", "n_embd=256");
     if (path)
         remove(path);
-    if ((path = tg_moe_model("Q8_0", "n_embd=2304")) != NULL)
+    if ((path = tg_moe_model("Q8_0", "n_embd=2304")) != NULL) {
+        /* the norm and router kernel: the two kernels' logits */
+        tg_same("qwen3moe-synth-Q8_0 n_embd=2304", path, "STRATA_GPU_NO_NORM_ROUTER");
         remove(path);
+    }
     if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
         return;
+    tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_NORM_ROUTER");
     /* a 12-token prompt: the decode kernels with T = 12 */
     tg_random_model("qwen3moe-synth-Q4_K n_embd=256", path, 12);
     /* a prompt chunk whose T·U expert groups exceed one launch: a clear error naming the option */
