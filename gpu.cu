@@ -16,7 +16,9 @@
  * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel
  * and gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
  * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
- * time through the matrix-vector kernels instead of gpu_gemm (A/B).
+ * time through the matrix-vector kernels instead of gpu_gemm (A/B), and
+ * STRATA_GPU_NO_NORM_ROUTER=1 a one-token MoE layer's RMSNorm and router
+ * as two kernels instead of gf_norm_router_kernel (the same logits).
  * Attention lives in attn_cuda.cu / attn_hip.hip: this file only calls its
  * launchers. It must not touch kv.c's tables (only the page bytes) and never
  * prints.
