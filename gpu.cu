@@ -1921,8 +1921,6 @@ struct gpu_ctx {
     int8_t *aq;
     gf_ads *ads;
     int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
-    gpuStream_t side;      /* a product's matrices of a second type run here, beside the first's */
-    gpuEvent_t fork, join; /* (gf_matmul_n) */
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
@@ -2449,30 +2447,10 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
     return T;
 }
 
-/* Whether the o[i] not yet done hold matrices of more than one launch's
- * type and width (gf_matmul_n). */
-static int gf_mixed(const struct gf_out *o, int n_out, const int *done)
-{
-    const struct gf_mat *a = NULL;
-    for (int i = 0; i < n_out; i++) {
-        const struct gf_mat *w = o[i].w;
-        if (done[i])
-            continue;
-        if (a && (w->type != a->type || w->n != a->n || w->ldw != a->ldw))
-            return 1;
-        a = w;
-    }
-    return 0;
-}
-
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
- * matrices of one type and width in one launch. The launches after the
- * first (a Q4_K_M file's Q6_K attn_v beside its Q4_K q and k) go to the
- * side stream, forked before the first and joined after: side by side with
- * it, not behind it, as all only read the activation. CUDA; in HIP builds
- * and with STRATA_GPU_NO_SIDE=1 one after another. */
+ * matrices of one type and width in one launch. */
 static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, const float *af, int T,
                        int accumulate, char *err, size_t errlen)
 {
@@ -2495,14 +2473,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         done[i] = 1;
     }
-#ifdef GPU_CUDA
-    int side = gf_mixed(o, n_out, done) && !gf_env("STRATA_GPU_NO_SIDE");
-#else
-    int side = 0;
-#endif
-    if (side && (gpuEventRecord(c->fork, c->stream) != gpuSuccess || gpuStreamWaitEvent(c->side, c->fork) != gpuSuccess))
-        return strata_errf(err, errlen, "GPU: a second stream for a product: %s", gpuGetErrorString(gpuGetLastError()));
-    for (int i = 0, n_launch = 0; i < n_out; i++) {
+    for (int i = 0; i < n_out; i++) {
         if (done[i])
             continue;
         gf_mv p;
@@ -2533,11 +2504,9 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, side && n_launch++ ? c->side : c->stream, err, errlen))
+        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
-    if (side && (gpuEventRecord(c->join, c->side) != gpuSuccess || gpuStreamWaitEvent(c->stream, c->join) != gpuSuccess))
-        return strata_errf(err, errlen, "GPU: a second stream for a product: %s", gpuGetErrorString(gpuGetLastError()));
     return 0;
 }
 
@@ -2816,12 +2785,6 @@ void gpu_ctx_free(struct gpu_ctx *c)
         gpuFreeHost(c->io_host);
     if (c->lg_host)
         gpuFreeHost(c->lg_host);
-    if (c->join)
-        gpuEventDestroy(c->join);
-    if (c->fork)
-        gpuEventDestroy(c->fork);
-    if (c->side)
-        gpuStreamDestroy(c->side);
     if (c->stream)
         gpuStreamDestroy(c->stream);
     free(c);
@@ -2894,12 +2857,6 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     }
     int rc = 0;
     gpuError_t e = gpuStreamCreate(&c->stream);
-    if (e == gpuSuccess)
-        e = gpuStreamCreate(&c->side);
-    if (e == gpuSuccess)
-        e = gpuEventCreateNoTiming(&c->fork);
-    if (e == gpuSuccess)
-        e = gpuEventCreateNoTiming(&c->join);
     if (e != gpuSuccess)
         rc = strata_errf(err, errlen, "gpuStreamCreate: %s", gpuGetErrorString(e));
     if (!rc) {

@@ -47,8 +47,6 @@ static inline void gpu_hip_drop(hipError_t e) { (void)e; }
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
-#define gpuEventCreateNoTiming(e) hipEventCreateWithFlags(e, hipEventDisableTiming)
-#define gpuStreamWaitEvent(s, e) hipStreamWaitEvent(s, e, 0)
 #define gpuStreamBeginCapture hipStreamBeginCapture
 #define gpuStreamEndCapture hipStreamEndCapture
 #define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
@@ -108,8 +106,6 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
-#define gpuEventCreateNoTiming(e) cudaEventCreateWithFlags(e, cudaEventDisableTiming)
-#define gpuStreamWaitEvent(s, e) cudaStreamWaitEvent(s, e, 0)
 #define gpuStreamBeginCapture cudaStreamBeginCapture
 #define gpuStreamEndCapture cudaStreamEndCapture
 #define gpuStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
