@@ -751,11 +751,27 @@ static __device__ __forceinline__ void gf_mvrow_load(const gf_mv &p, const uint8
     }
 }
 
+/* The sum of acc over a block of THREADS threads, each warp's sum added
+ * in warp order, for every thread (all call it, once a kernel: part is
+ * not guarded for reuse). */
+template <int THREADS>
+static __device__ __forceinline__ float gf_block_sumf(float acc)
+{
+    __shared__ float part[THREADS / GPU_WARP];
+    acc = warp_sum(acc);
+    if (threadIdx.x % GPU_WARP == 0)
+        part[threadIdx.x / GPU_WARP] = acc;
+    __syncthreads();
+    float sum = part[0];
+    for (int i = 1; i < THREADS / GPU_WARP; i++)
+        sum += part[i];
+    return sum;
+}
+
 template <class Q>
 __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 {
-    __shared__ float part[GF_ROW_THREADS / GPU_WARP];
-    int r = blockIdx.x, g = blockIdx.y, warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
+    int r = blockIdx.x, g = blockIdx.y;
     int rr, pt = gf_mv_part(p, r, &rr), nu = p.n / Q::BLK * Q::UNITS;
     const uint8_t *w = p.w[pt] + (size_t)rr * p.ldw;
     Q q[GF_ROW_NU];
@@ -785,16 +801,9 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
                 acc += wt[k] * d;
         }
     }
-    acc = warp_sum(acc);
-    if (lane == 0)
-        part[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = part[0];
-        for (int i = 1; i < GF_ROW_THREADS / GPU_WARP; i++)
-            sum += part[i];
+    float sum = gf_block_sumf<GF_ROW_THREADS>(acc);
+    if (threadIdx.x == 0)
         gf_mv_put(p, pt, g, 0, rr, sum);
-    }
 }
 
 /* ==== the Q4_K decode kernel: the activation held in registers ====
@@ -1386,6 +1395,27 @@ static __device__ __forceinline__ void gf_act_store(const float (&v)[4], bool ok
         ds[at / GF_AB] = sc;
 }
 
+/* RMSNorm's arithmetic, one definition for the kernels that form it, so
+ * that they agree bit for bit: a float4's squares in double, added in this
+ * order (the reference's steps); the row's scale from their sum; elements
+ * times scale, times weight. */
+static __device__ __forceinline__ double gf_sq4(float4 v)
+{
+    return (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+           (double)__fmul_rn(v.w, v.w);
+}
+
+static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps)
+{
+    return 1.0f / sqrtf((float)(ss / n) + eps);
+}
+
+static __device__ __forceinline__ void gf_rms_apply(float4 x, float scale, float4 g, float (&v)[4])
+{
+    v[0] = __fmul_rn(__fmul_rn(x.x, scale), g.x), v[1] = __fmul_rn(__fmul_rn(x.y, scale), g.y);
+    v[2] = __fmul_rn(__fmul_rn(x.z, scale), g.z), v[3] = __fmul_rn(__fmul_rn(x.w, scale), g.w);
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, const float *x2, const float *w,
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds,
@@ -1411,11 +1441,9 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
             }
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
-                s += (double)__fmul_rn(v[k].x, v[k].x) + (double)__fmul_rn(v[k].y, v[k].y) +
-                     (double)__fmul_rn(v[k].z, v[k].z) + (double)__fmul_rn(v[k].w, v[k].w);
+                s += gf_sq4(v[k]);
         }
-        s = gf_block_sum(s);
-        scale = 1.0f / sqrtf((float)(s / n) + eps);
+        scale = gf_rms_scale(gf_block_sum(s), n, eps);
     }
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1423,9 +1451,7 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
         float4 a = xr[i4];
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         if (MODE == GF_ACT_NORM) {
-            float gw[4] = {g.x, g.y, g.z, g.w};
-            for (int k = 0; k < 4; k++)
-                v[k] = __fmul_rn(__fmul_rn(v[k], scale), gw[k]);
+            gf_rms_apply(a, scale, g, v);
         } else if (MODE == GF_ACT_SWIGLU) {
             float4 u = ((const float4 *)(x2 + row * n))[i4];
             float uw[4] = {u.x, u.y, u.z, u.w};
@@ -1446,13 +1472,13 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
  * router row's weights load before the wait. Against the two kernels: a
  * kernel boundary and an L2 round trip fewer on a MoE layer's chain. */
 #define GF_NR_PER 8   /* float4 a thread holds: rows up to 8 · 4 · GF_ACT_THREADS = 8192 wide */
+static_assert(GF_ACT_THREADS == GF_ROW_THREADS, "gf_norm_router_kernel sums a logit in gf_mvrow_kernel's layout");
 
 __global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const float *x, const float *nw, float eps,
                                                                         const float *wr, size_t ldw, int n,
                                                                         float *router, float *yf, int8_t *q,
                                                                         gf_ads *ds)
 {
-    __shared__ float part[GF_ACT_THREADS / GPU_WARP];
     int e = blockIdx.x, n4 = n / 4;
     const float4 *w4 = (const float4 *)((const uint8_t *)wr + (size_t)e * ldw), *g4 = (const float4 *)nw;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1464,39 +1490,30 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const fl
         w[k] = i4 < n4 ? w4[i4] : zero;
     }
     gf_pdl_begin();
-    double s = 0;   /* a thread's squares in gf_sumsq's order */
 #pragma unroll
     for (int k = 0; k < GF_NR_PER; k++) {
         int i4 = threadIdx.x + k * GF_ACT_THREADS;
         xv[k] = i4 < n4 ? ((const float4 *)x)[i4] : zero;
     }
+    double s = 0;   /* a thread's squares in gf_act_kernel's order */
 #pragma unroll
     for (int k = 0; k < GF_NR_PER; k++)
-        s += (double)__fmul_rn(xv[k].x, xv[k].x) + (double)__fmul_rn(xv[k].y, xv[k].y) +
-             (double)__fmul_rn(xv[k].z, xv[k].z) + (double)__fmul_rn(xv[k].w, xv[k].w);
-    s = gf_block_sum(s);
-    float scale = 1.0f / sqrtf((float)(s / n) + eps), acc = 0.0f;
+        s += gf_sq4(xv[k]);
+    float scale = gf_rms_scale(gf_block_sum(s), n, eps), acc = 0.0f;
 #pragma unroll
     for (int k = 0; k < GF_NR_PER; k++) {
         int i4 = threadIdx.x + k * GF_ACT_THREADS;
         if (k * GF_ACT_THREADS >= n4)   /* (the whole block alike) */
             break;
-        float v[4] = {__fmul_rn(__fmul_rn(xv[k].x, scale), g[k].x), __fmul_rn(__fmul_rn(xv[k].y, scale), g[k].y),
-                      __fmul_rn(__fmul_rn(xv[k].z, scale), g[k].z), __fmul_rn(__fmul_rn(xv[k].w, scale), g[k].w)};
+        float v[4];
+        gf_rms_apply(xv[k], scale, g[k], v);
         if (i4 < n4)   /* gf_f32::dotf's sum */
             acc += w[k].x * v[0] + w[k].y * v[1] + w[k].z * v[2] + w[k].w * v[3];
         gf_act_store(v, i4 < n4 && (int)(i4 / (GF_AB / 4)) % (int)gridDim.x == e, i4, 0, n, yf, q, ds, 0);
     }
-    acc = warp_sum(acc);
-    if (threadIdx.x % GPU_WARP == 0)
-        part[threadIdx.x / GPU_WARP] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = part[0];
-        for (int i = 1; i < GF_ACT_THREADS / GPU_WARP; i++)
-            sum += part[i];
+    float sum = gf_block_sumf<GF_ACT_THREADS>(acc);
+    if (threadIdx.x == 0)
         router[e] = sum;
-    }
 }
 
 /* ==== embeddings: one element of a row of any supported type ==== */
