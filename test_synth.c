@@ -22,6 +22,21 @@ static int run_synth(const char *const *args, int n, char *err, size_t errlen)
     return synth_main(n + 1, argv, err, errlen);
 }
 
+/* Runs synth with args (writing TMP_SYNTH) and opens its file as g and the
+ * file `other` as o: 0, or -1 after a failed CHECK with nothing open. */
+static int synth_open(const char *const *args, int n, const char *other, struct gguf *g, struct gguf *o)
+{
+    char err[512];
+    if (!CHECK(run_synth(args, n, err, sizeof err) == 0, "synth: %s", err) ||
+        !CHECK(gguf_open(g, TMP_SYNTH, err, sizeof err) == 0, "%s", err))
+        return -1;
+    if (!CHECK(gguf_open(o, other, err, sizeof err) == 0, "%s", err)) {
+        gguf_close(g);
+        return -1;
+    }
+    return 0;
+}
+
 static int64_t get_int(const struct gguf *g, const char *key)
 {
     int64_t v = -1;
@@ -33,7 +48,7 @@ static void case_moe_shape(void)
 {
     if (!test_begin("synth/qwen3moe-shape"))
         return;
-    char vocab[512], err[512];
+    char vocab[512];
     if (!test_data("vocab/ggml-vocab-qwen2.gguf", vocab, sizeof vocab))
         return;
     const char *args[] = {"--arch", "qwen3moe", "--set", "n_embd=64", "--set", "n_layer=2",
@@ -41,15 +56,9 @@ static void case_moe_shape(void)
                           "--set", "n_ff=128", "--set", "n_expert=4", "--set", "n_expert_used=2",
                           "--set", "n_ff_exp=32", "--type", "Q8_0", "--vocab", vocab,
                           "-o", TMP_SYNTH};
-    if (!CHECK(run_synth(args, 26, err, sizeof err) == 0, "synth: %s", err))
-        return;
     struct gguf g, v;
-    if (!CHECK(gguf_open(&g, TMP_SYNTH, err, sizeof err) == 0, "%s", err))
+    if (synth_open(args, 26, vocab, &g, &v) != 0)
         return;
-    if (!CHECK(gguf_open(&v, vocab, err, sizeof err) == 0, "%s", err)) {
-        gguf_close(&g);
-        return;
-    }
     CHECK(get_int(&g, "qwen3moe.embedding_length") == 64 && get_int(&g, "qwen3moe.block_count") == 2 &&
               get_int(&g, "qwen3moe.attention.head_count") == 4 &&
               get_int(&g, "qwen3moe.attention.head_count_kv") == 2 &&
@@ -139,21 +148,15 @@ static void case_q4_k_m(void)
 {
     if (!test_begin("synth/q4_k_m mix against the reference's Q4_K_M file"))
         return;
-    char ref[512], err[512], name[GGUF_NAME_MAX];
+    char ref[512], name[GGUF_NAME_MAX];
     if (!test_data("tiny-qwen3-Q4_K_M.gguf", ref, sizeof ref))
         return;
     const char *args[] = {"--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=4", "--set", "n_head=2",
                           "--set", "head_dim=128", "--set", "n_ff=512", "--set", "n_vocab=512", "--type",
                           "q4_k_m", "-o", TMP_SYNTH};
-    if (!CHECK(run_synth(args, 18, err, sizeof err) == 0, "synth: %s", err))
-        return;
     struct gguf g, r;
-    if (!CHECK(gguf_open(&g, TMP_SYNTH, err, sizeof err) == 0, "%s", err))
+    if (synth_open(args, 18, ref, &g, &r) != 0)
         return;
-    if (!CHECK(gguf_open(&r, ref, err, sizeof err) == 0, "%s", err)) {
-        gguf_close(&g);
-        return;
-    }
     int more = 0;
     for (int l = 0; l < 4; l++) {
         snprintf(name, sizeof name, "blk.%d.ffn_down.weight", l);
