@@ -932,6 +932,140 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
+/* ==== the Q4_K decode kernel with a ring of staged rows (CUDA sm_80+) ====
+ * gf_mvk_kernel holds a round of rows in flight in registers: ~37 KB an SM,
+ * and its blocks fill every SM, so the next product's blocks start only
+ * when they end and each kernel boundary leaves the memory idle. Here a
+ * block (one an SM, about half its registers and shared memory, so the
+ * next kernel's block fits beside it) streams a contiguous range of rows
+ * through a ring of NS stages in shared memory by asynchronous copies: the
+ * first NS-1 stages go out before the kernel waits for the one ahead
+ * (weights are no kernel's output), and each round's copies NS-1 rounds
+ * ahead. A stage is a round's RT rows; a lane's units, the activation in
+ * registers, the sums in slice order and the store are gf_mvk_kernel's,
+ * so y is the same bit for bit. One group of one matrix set, not expert
+ * ids. */
+#ifdef GPU_CUDA
+#define GF_MVP_PIECES 6   /* 16-byte copies a thread a stage at most */
+
+/* warps a column slice for S slices: about 8 warps a block */
+static constexpr __host__ __device__ int gf_mvp_sub(int S) { return S == 1 ? 8 : S == 2 ? 4 : S == 3 ? 3 : 2; }
+
+static __device__ __forceinline__ void gf_cp16(void *dst, const void *src)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#else
+    *(int4 *)dst = *(const int4 *)src;
+#endif
+}
+
+static __device__ __forceinline__ void gf_cp_commit()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+static __device__ __forceinline__ void gf_cp_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <int UL, int S, int NS>
+__global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf_mv p)
+{
+    enum { SUB = gf_mvp_sub(S), R = 2 / UL, RT = SUB * R, T = S * SUB * GPU_WARP };
+    __shared__ float part[2][S][RT];
+    extern __shared__ int4 gf_mvp_ring[];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
+    int slice = warp / SUB, sub = warp % SUB;
+    int U = p.n / 256 * 4, total = p.end[p.parts - 1];
+    int rb = (int)((long long)blockIdx.x * total / gridDim.x), re = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
+    int rounds = (re - rb + RT - 1) / RT;
+    int rowb = p.n / 256 * 144, stage = RT * rowb;   /* bytes */
+    /* this thread's pieces of a stage: row pj[i], byte po[i] in it */
+    int pr = rowb / 16, np = 0, pj[GF_MVP_PIECES], po[GF_MVP_PIECES];
+#pragma unroll
+    for (int i = 0; i < GF_MVP_PIECES; i++) {
+        int c = threadIdx.x + i * T;
+        pj[i] = c / pr, po[i] = c % pr * 16;
+        np += c < RT * pr;
+    }
+    uint8_t *ring = (uint8_t *)gf_mvp_ring;
+    auto issue = [&](int round) {   /* round's rows into its stage; one copy group a call */
+        if (round < rounds) {
+            uint8_t *st = ring + (size_t)(round % NS) * stage;
+#pragma unroll
+            for (int i = 0; i < GF_MVP_PIECES; i++) {
+                int r = rb + round * RT + pj[i];
+                if (i < np && r < re) {
+                    int rr, pt = gf_mv_part(p, r, &rr);
+                    gf_cp16(st + pj[i] * rowb + po[i], p.w[pt] + (size_t)rr * p.ldw + po[i]);
+                }
+            }
+        }
+        gf_cp_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++)
+        issue(i);
+    gf_pdl_begin();
+    const int4 *aq = (const int4 *)p.aq;   /* group 0's row */
+    const gf_ads *ads = p.ads;
+    int ub[UL], so[UL];   /* this lane's units u = (slice·UL + k)·32 + lane, at byte so[k] of a row */
+    bool ok[UL];
+    int4 xa[UL][4];
+    gf_ads xs[UL][2];
+#pragma unroll
+    for (int k = 0; k < UL; k++) {
+        int u = (slice * UL + k) * GPU_WARP + lane;
+        ok[k] = u < U;
+        ub[k] = ok[k] ? u : 0;
+        so[k] = (ub[k] >> 2) * 144;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            xa[k][i] = aq[4 * ub[k] + i];
+        xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
+    }
+    int writer = threadIdx.x < RT;
+    float yo = 0.0f;
+    for (int round = 0; round < rounds; round++) {
+        gf_cp_wait<NS - 2>();   /* this thread's copies of the round have landed */
+        __syncthreads();        /* and everyone's; the last round's stage and part half are free */
+        if (round > 0)
+            gf_slices_store(p, part[(round - 1) & 1], S, 0, rb + (round - 1) * RT, re, yo);
+        issue(round + NS - 1);
+        if (writer)
+            yo = gf_mv_old(p, 0, rb + round * RT + threadIdx.x, re);
+        const uint8_t *st = ring + (size_t)(round % NS) * stage;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const uint8_t *row = st + (sub * R + j) * rowb;
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < UL; k++) {
+                const int4 *b = (const int4 *)(row + so[k]);
+                int4 h = b[0], q[2] = {b[1 + 2 * (lane & 3)], b[2 + 2 * (lane & 3)]};
+                if (ok[k])
+                    acc += gf_q4k_pair(h, q, xa[k], xs[k], lane & 3);
+            }
+            float sum = warp_sum(acc);
+            if (lane == 0)
+                part[round & 1][slice][sub * R + j] = sum;
+        }
+    }
+    __syncthreads();
+    if (rounds > 0)
+        gf_slices_store(p, part[(rounds - 1) & 1], S, 0, rb + (rounds - 1) * RT, re, yo);
+}
+#endif
+
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
  * Q6_K's 210-byte and Q8_0's 34-byte blocks leave a unit's bytes 2-aligned,
  * so their rows cannot be loaded into registers unit by unit as
@@ -2342,6 +2476,59 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
 }
 
 #ifdef GPU_CUDA
+template <int UL, int S, int NS>
+static void gf_mvp_launch(const gf_mv &p, gpuStream_t s)
+{
+    void (*k)(gf_mv) = gf_mvp_kernel<UL, S, NS>;
+    enum { RT = gf_mvp_sub(S) * (2 / UL) };
+    int smem = NS * RT * (p.n / 256 * 144), total = p.end[p.parts - 1], sms = gf_sms();
+    static int asked;
+    if (smem > 48 * 1024 && !asked)   /* past 48 KB a launch asks (a refusal shows as its error) */
+        asked = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
+    int blocks = sms > 0 ? sms : 1;
+    gf_launch(k, dim3(blocks < (total + RT - 1) / RT ? blocks : (total + RT - 1) / RT), S * gf_mvp_sub(S) * GPU_WARP,
+              smem, s, p);
+}
+
+template <int UL, int S>
+static void gf_mvp_launch_s(const gf_mv &p, gpuStream_t s)
+{
+    static int ns = -1;
+    if (ns < 0) {
+        const char *v = getenv("STRATA_GPU_MVP_NS");
+        ns = v && atoi(v) == 6 ? 6 : 4;
+    }
+    if (ns == 6)
+        gf_mvp_launch<UL, S, 6>(p, s);
+    else
+        gf_mvp_launch<UL, S, 4>(p, s);
+}
+
+/* whether gf_mvp_kernel takes a Q4_K product of one-row groups (and launches it) */
+static int gf_mvp_run(const gf_mv &p, int groups, gpuStream_t s)
+{
+    int arch = 0, sms = 0, UL = 0, S = 0;
+    if (groups != 1 || p.ids || p.ne || p.n % 256 || p.ldw % 16 || gf_env("STRATA_GPU_NO_MVP") ||
+        gpu_device_facts(&arch, &sms) != gpuSuccess || arch < 80 || !gf_mvk_takes(QT_Q4_K, p.n, &UL, &S))
+        return 0;
+    for (int i = 0; i < p.parts; i++)
+        if ((uintptr_t)p.w[i] % 16)
+            return 0;
+    if (UL == 1)
+        gf_mvp_launch_s<1, 1>(p, s);
+    else if (S == 1)
+        gf_mvp_launch_s<2, 1>(p, s);
+    else if (S == 2)
+        gf_mvp_launch_s<2, 2>(p, s);
+    else if (S == 3)
+        gf_mvp_launch_s<2, 3>(p, s);
+    else
+        gf_mvp_launch_s<2, 4>(p, s);
+    return 1;
+}
+#endif
+
+#ifdef GPU_CUDA
 template <class F, int NB>
 static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 {
@@ -2357,6 +2544,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
+#ifdef GPU_CUDA
+        if (gf_mvp_run(p, groups, s))
+            return;
+#endif
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
         else
