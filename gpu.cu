@@ -946,75 +946,73 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * so y is the same bit for bit. One group of one matrix set, not expert
  * ids. */
 #ifdef GPU_CUDA
-#define GF_MVP_PIECES 6   /* 16-byte copies a thread a stage at most */
-
 /* warps a column slice for S slices: about 8 warps a block */
 static constexpr __host__ __device__ int gf_mvp_sub(int S) { return S == 1 ? 8 : S == 2 ? 4 : S == 3 ? 3 : 2; }
 
-static __device__ __forceinline__ void gf_cp16(void *dst, const void *src)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ unsigned gf_sh(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* bytes from global src to shared dst by the bulk copy engine, counted on bar */
+static __device__ __forceinline__ void gf_bulk(void *dst, const void *src, unsigned bytes, uint64_t *bar)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     gf_sh(dst)),
+                 "l"(src), "r"(bytes), "r"(gf_sh(bar))
                  : "memory");
-#else
-    *(int4 *)dst = *(const int4 *)src;
-#endif
 }
 
-static __device__ __forceinline__ void gf_cp_commit()
+static __device__ __forceinline__ void gf_bar_expect(uint64_t *bar, unsigned bytes)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gf_sh(bar)), "r"(bytes) : "memory");
 }
 
-template <int N>
-static __device__ __forceinline__ void gf_cp_wait()
+static __device__ __forceinline__ void gf_bar_wait(uint64_t *bar, int parity)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
+    unsigned done;
+    do
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(gf_sh(bar)), "r"(parity)
+                     : "memory");
+    while (!done);
 }
+#endif
 
 template <int UL, int S, int NS>
 __global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf_mv p)
 {
-    enum { SUB = gf_mvp_sub(S), R = 2 / UL, RT = SUB * R, T = S * SUB * GPU_WARP };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    enum { SUB = gf_mvp_sub(S), R = 2 / UL, RT = SUB * R };
     __shared__ float part[2][S][RT];
+    __shared__ uint64_t bar[NS];   /* stage i's copies land */
     extern __shared__ int4 gf_mvp_ring[];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
     int slice = warp / SUB, sub = warp % SUB;
     int U = p.n / 256 * 4, total = p.end[p.parts - 1];
     int rb = (int)((long long)blockIdx.x * total / gridDim.x), re = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
-    int rounds = (re - rb + RT - 1) / RT;
-    int rowb = p.n / 256 * 144, stage = RT * rowb;   /* bytes */
-    /* this thread's pieces of a stage: row pj[i], byte po[i] in it */
-    int pr = rowb / 16, np = 0, pj[GF_MVP_PIECES], po[GF_MVP_PIECES];
-#pragma unroll
-    for (int i = 0; i < GF_MVP_PIECES; i++) {
-        int c = threadIdx.x + i * T;
-        pj[i] = c / pr, po[i] = c % pr * 16;
-        np += c < RT * pr;
-    }
+    int rounds = (re - rb + RT - 1) / RT, rowb = p.n / 256 * 144;
     uint8_t *ring = (uint8_t *)gf_mvp_ring;
-    auto issue = [&](int round) {   /* round's rows into its stage; one copy group a call */
-        if (round < rounds) {
-            uint8_t *st = ring + (size_t)(round % NS) * stage;
-#pragma unroll
-            for (int i = 0; i < GF_MVP_PIECES; i++) {
-                int r = rb + round * RT + pj[i];
-                if (i < np && r < re) {
-                    int rr, pt = gf_mv_part(p, r, &rr);
-                    gf_cp16(st + pj[i] * rowb + po[i], p.w[pt] + (size_t)rr * p.ldw + po[i]);
-                }
-            }
+    /* round's rows into its stage: a bulk copy a row by warp 0's lanes */
+    auto issue = [&](int round) {
+        int r0 = rb + round * RT, nr = min(RT, re - r0), st = round % NS;
+        if (round >= rounds)
+            return;
+        if (lane == 0)
+            gf_bar_expect(&bar[st], (unsigned)(nr * rowb));
+        for (int j = lane; j < nr; j += GPU_WARP) {
+            int rr, pt = gf_mv_part(p, r0 + j, &rr);
+            gf_bulk(ring + ((size_t)st * RT + j) * rowb, p.w[pt] + (size_t)rr * p.ldw, (unsigned)rowb, &bar[st]);
         }
-        gf_cp_commit();
     };
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++)
-        issue(i);
+    if (warp == 0) {
+        if (lane < NS)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gf_sh(&bar[lane])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        gpu_syncwarp();
+        for (int i = 0; i < NS - 1; i++)
+            issue(i);
+    }
+    __syncthreads();
     gf_pdl_begin();
     const int4 *aq = (const int4 *)p.aq;   /* group 0's row */
     const gf_ads *ads = p.ads;
@@ -1036,14 +1034,17 @@ __global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf
     int writer = threadIdx.x < RT;
     float yo = 0.0f;
     for (int round = 0; round < rounds; round++) {
-        gf_cp_wait<NS - 2>();   /* this thread's copies of the round have landed */
-        __syncthreads();        /* and everyone's; the last round's stage and part half are free */
+        __syncthreads();   /* the last round's stage and half of part are done with */
         if (round > 0)
             gf_slices_store(p, part[(round - 1) & 1], S, 0, rb + (round - 1) * RT, re, yo);
-        issue(round + NS - 1);
+        if (warp == 0) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* reads before the engine's writes */
+            issue(round + NS - 1);
+        }
         if (writer)
             yo = gf_mv_old(p, 0, rb + round * RT + threadIdx.x, re);
-        const uint8_t *st = ring + (size_t)(round % NS) * stage;
+        gf_bar_wait(&bar[round % NS], (round / NS) & 1);
+        const uint8_t *st = ring + (size_t)(round % NS) * RT * rowb;
 #pragma unroll
         for (int j = 0; j < R; j++) {
             const uint8_t *row = st + (sub * R + j) * rowb;
@@ -1063,6 +1064,7 @@ __global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf
     __syncthreads();
     if (rounds > 0)
         gf_slices_store(p, part[(rounds - 1) & 1], S, 0, rb + (rounds - 1) * RT, re, yo);
+#endif
 }
 #endif
 
@@ -2482,10 +2484,16 @@ static void gf_mvp_launch(const gf_mv &p, gpuStream_t s)
     void (*k)(gf_mv) = gf_mvp_kernel<UL, S, NS>;
     enum { RT = gf_mvp_sub(S) * (2 / UL) };
     int smem = NS * RT * (p.n / 256 * 144), total = p.end[p.parts - 1], sms = gf_sms();
-    static int asked;
-    if (smem > 48 * 1024 && !asked)   /* past 48 KB a launch asks (a refusal shows as its error) */
-        asked = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
-    int blocks = sms > 0 ? sms : 1;
+    static int asked;   /* the most asked for so far */
+    if (smem > 48 * 1024 && smem > asked &&   /* past 48 KB a launch asks (a refusal shows as its error) */
+        gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess)
+        asked = smem;
+    static int bps = -1;   /* experiment switch */
+    if (bps < 0) {
+        const char *v = getenv("STRATA_GPU_MVP_BPS");
+        bps = v && atoi(v) > 1 ? atoi(v) : 1;
+    }
+    int blocks = sms > 0 ? sms * bps : 1;
     gf_launch(k, dim3(blocks < (total + RT - 1) / RT ? blocks : (total + RT - 1) / RT), S * gf_mvp_sub(S) * GPU_WARP,
               smem, s, p);
 }
@@ -2509,7 +2517,7 @@ static int gf_mvp_run(const gf_mv &p, int groups, gpuStream_t s)
 {
     int arch = 0, sms = 0, UL = 0, S = 0;
     if (groups != 1 || p.ids || p.ne || p.n % 256 || p.ldw % 16 || gf_env("STRATA_GPU_NO_MVP") ||
-        gpu_device_facts(&arch, &sms) != gpuSuccess || arch < 80 || !gf_mvk_takes(QT_Q4_K, p.n, &UL, &S))
+        gpu_device_facts(&arch, &sms) != gpuSuccess || arch < 90 || !gf_mvk_takes(QT_Q4_K, p.n, &UL, &S))
         return 0;
     for (int i = 0; i < p.parts; i++)
         if ((uintptr_t)p.w[i] % 16)
