@@ -946,8 +946,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
  * so y is the same bit for bit. One group of one matrix set, not expert
  * ids. */
 #ifdef GPU_CUDA
-/* warps a column slice for S slices: about 8 warps a block */
-static constexpr __host__ __device__ int gf_mvp_sub(int S) { return S == 1 ? 8 : S == 2 ? 4 : S == 3 ? 3 : 2; }
+#define GF_MVP_C 8   /* consumer warps a block, beside one producer warp */
+#define GF_MVP_NS 3  /* stages in the ring */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 static __device__ __forceinline__ unsigned gf_sh(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -978,51 +978,49 @@ static __device__ __forceinline__ void gf_bar_wait(uint64_t *bar, int parity)
 }
 #endif
 
-template <int UL, int S, int NS>
-__global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf_mv p)
+template <int UL, int NS>
+__global__ void __launch_bounds__((GF_MVP_C + 1) * GPU_WARP) gf_mvp_kernel(gf_mv p)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    enum { SUB = gf_mvp_sub(S), R = 2 / UL, RT = SUB * R };
-    __shared__ float part[2][S][RT];
-    __shared__ uint64_t bar[NS];   /* stage i's copies land */
+    enum { C = GF_MVP_C, R = 4 / UL, RT = C * R };
+    __shared__ uint64_t full[NS], empty[NS];   /* a stage's copies landed; its C warps are done with it */
     extern __shared__ int4 gf_mvp_ring[];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
-    int slice = warp / SUB, sub = warp % SUB;
     int U = p.n / 256 * 4, total = p.end[p.parts - 1];
     int rb = (int)((long long)blockIdx.x * total / gridDim.x), re = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
     int rounds = (re - rb + RT - 1) / RT, rowb = p.n / 256 * 144;
     uint8_t *ring = (uint8_t *)gf_mvp_ring;
-    /* round's rows into its stage: a bulk copy a row by warp 0's lanes */
-    auto issue = [&](int round) {
-        int r0 = rb + round * RT, nr = min(RT, re - r0), st = round % NS;
-        if (round >= rounds)
-            return;
-        if (lane == 0)
-            gf_bar_expect(&bar[st], (unsigned)(nr * rowb));
-        for (int j = lane; j < nr; j += GPU_WARP) {
-            int rr, pt = gf_mv_part(p, r0 + j, &rr);
-            gf_bulk(ring + ((size_t)st * RT + j) * rowb, p.w[pt] + (size_t)rr * p.ldw, (unsigned)rowb, &bar[st]);
-        }
-    };
-    if (warp == 0) {
-        if (lane < NS)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gf_sh(&bar[lane])) : "memory");
+    if (threadIdx.x < NS) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gf_sh(&full[threadIdx.x])) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gf_sh(&empty[threadIdx.x])), "r"((int)C) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        gpu_syncwarp();
-        for (int i = 0; i < NS - 1; i++)
-            issue(i);
     }
     __syncthreads();
+    if (warp == C) {   /* the producer: weights are no kernel's output, so it never waits for the one ahead */
+        gpu_grid_launch_dependents();
+        for (int round = 0; round < rounds; round++) {
+            int r0 = rb + round * RT, nr = min(RT, re - r0), st = round % NS;
+            if (round >= NS)
+                gf_bar_wait(&empty[st], (round / NS - 1) & 1);
+            if (lane == 0)
+                gf_bar_expect(&full[st], (unsigned)(nr * rowb));
+            for (int j = lane; j < nr; j += GPU_WARP) {
+                int rr, pt = gf_mv_part(p, r0 + j, &rr);
+                gf_bulk(ring + ((size_t)st * RT + j) * rowb, p.w[pt] + (size_t)rr * p.ldw, (unsigned)rowb, &full[st]);
+            }
+        }
+        return;
+    }
     gf_pdl_begin();
     const int4 *aq = (const int4 *)p.aq;   /* group 0's row */
     const gf_ads *ads = p.ads;
-    int ub[UL], so[UL];   /* this lane's units u = (slice·UL + k)·32 + lane, at byte so[k] of a row */
+    int ub[UL], so[UL];   /* this lane's units u = k·32 + lane, at byte so[k] of a row */
     bool ok[UL];
     int4 xa[UL][4];
     gf_ads xs[UL][2];
 #pragma unroll
     for (int k = 0; k < UL; k++) {
-        int u = (slice * UL + k) * GPU_WARP + lane;
+        int u = k * GPU_WARP + lane;
         ok[k] = u < U;
         ub[k] = ok[k] ? u : 0;
         so[k] = (ub[k] >> 2) * 144;
@@ -1031,39 +1029,39 @@ __global__ void __launch_bounds__(S * gf_mvp_sub(S) * GPU_WARP) gf_mvp_kernel(gf
             xa[k][i] = aq[4 * ub[k] + i];
         xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
     }
-    int writer = threadIdx.x < RT;
-    float yo = 0.0f;
+    /* lane j < R writes the warp's row j of a round; its old y read a round ahead */
+    float yo = gf_mv_old(p, 0, lane < R ? rb + warp * R + lane : re, re);
     for (int round = 0; round < rounds; round++) {
-        __syncthreads();   /* the last round's stage and half of part are done with */
-        if (round > 0)
-            gf_slices_store(p, part[(round - 1) & 1], S, 0, rb + (round - 1) * RT, re, yo);
-        if (warp == 0) {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* reads before the engine's writes */
-            issue(round + NS - 1);
-        }
-        if (writer)
-            yo = gf_mv_old(p, 0, rb + round * RT + threadIdx.x, re);
-        gf_bar_wait(&bar[round % NS], (round / NS) & 1);
-        const uint8_t *st = ring + (size_t)(round % NS) * RT * rowb;
+        int st = round % NS, r = rb + round * RT + warp * R + lane;
+        float yn = gf_mv_old(p, 0, lane < R ? r + RT : re, re);
+        gf_bar_wait(&full[st], (round / NS) & 1);
+        const uint8_t *rows = ring + ((size_t)st * RT + warp * R) * rowb;
+        float acc[R];
 #pragma unroll
         for (int j = 0; j < R; j++) {
-            const uint8_t *row = st + (sub * R + j) * rowb;
-            float acc = 0.0f;
+            acc[j] = 0.0f;
 #pragma unroll
             for (int k = 0; k < UL; k++) {
-                const int4 *b = (const int4 *)(row + so[k]);
+                const int4 *b = (const int4 *)(rows + j * rowb + so[k]);
                 int4 h = b[0], q[2] = {b[1 + 2 * (lane & 3)], b[2 + 2 * (lane & 3)]};
                 if (ok[k])
-                    acc += gf_q4k_pair(h, q, xa[k], xs[k], lane & 3);
+                    acc[j] += gf_q4k_pair(h, q, xa[k], xs[k], lane & 3);
             }
-            float sum = warp_sum(acc);
-            if (lane == 0)
-                part[round & 1][slice][sub * R + j] = sum;
         }
+        float mine = 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float sum = warp_sum(acc[j]);   /* every lane's reads of the stage are done after it */
+            mine = lane == j ? sum : mine;
+        }
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(gf_sh(&empty[st])) : "memory");
+        if (lane < R && r < re) {
+            int rr, pt = gf_mv_part(p, r, &rr);
+            gf_mv_store(p, pt, rr, gf_mv_at(p, pt, 0, 0, rr), mine, yo);
+        }
+        yo = yn;
     }
-    __syncthreads();
-    if (rounds > 0)
-        gf_slices_store(p, part[(rounds - 1) & 1], S, 0, rb + (rounds - 1) * RT, re, yo);
 #endif
 }
 #endif
@@ -2478,12 +2476,12 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
 }
 
 #ifdef GPU_CUDA
-template <int UL, int S, int NS>
+template <int UL>
 static void gf_mvp_launch(const gf_mv &p, gpuStream_t s)
 {
-    void (*k)(gf_mv) = gf_mvp_kernel<UL, S, NS>;
-    enum { RT = gf_mvp_sub(S) * (2 / UL) };
-    int smem = NS * RT * (p.n / 256 * 144), total = p.end[p.parts - 1], sms = gf_sms();
+    void (*k)(gf_mv) = gf_mvp_kernel<UL, GF_MVP_NS>;
+    enum { RT = GF_MVP_C * 4 / UL };
+    int smem = GF_MVP_NS * RT * (p.n / 256 * 144), total = p.end[p.parts - 1], sms = gf_sms();
     static int asked;   /* the most asked for so far */
     if (smem > 48 * 1024 && smem > asked &&   /* past 48 KB a launch asks (a refusal shows as its error) */
         gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess)
@@ -2494,22 +2492,8 @@ static void gf_mvp_launch(const gf_mv &p, gpuStream_t s)
         bps = v && atoi(v) > 1 ? atoi(v) : 1;
     }
     int blocks = sms > 0 ? sms * bps : 1;
-    gf_launch(k, dim3(blocks < (total + RT - 1) / RT ? blocks : (total + RT - 1) / RT), S * gf_mvp_sub(S) * GPU_WARP,
+    gf_launch(k, dim3(blocks < (total + RT - 1) / RT ? blocks : (total + RT - 1) / RT), (GF_MVP_C + 1) * GPU_WARP,
               smem, s, p);
-}
-
-template <int UL, int S>
-static void gf_mvp_launch_s(const gf_mv &p, gpuStream_t s)
-{
-    static int ns = -1;
-    if (ns < 0) {
-        const char *v = getenv("STRATA_GPU_MVP_NS");
-        ns = v && atoi(v) == 6 ? 6 : 4;
-    }
-    if (ns == 6)
-        gf_mvp_launch<UL, S, 6>(p, s);
-    else
-        gf_mvp_launch<UL, S, 4>(p, s);
 }
 
 /* whether gf_mvp_kernel takes a Q4_K product of one-row groups (and launches it) */
@@ -2522,16 +2506,12 @@ static int gf_mvp_run(const gf_mv &p, int groups, gpuStream_t s)
     for (int i = 0; i < p.parts; i++)
         if ((uintptr_t)p.w[i] % 16)
             return 0;
+    if (S != 1)
+        return 0;
     if (UL == 1)
-        gf_mvp_launch_s<1, 1>(p, s);
-    else if (S == 1)
-        gf_mvp_launch_s<2, 1>(p, s);
-    else if (S == 2)
-        gf_mvp_launch_s<2, 2>(p, s);
-    else if (S == 3)
-        gf_mvp_launch_s<2, 3>(p, s);
+        gf_mvp_launch<1>(p, s);
     else
-        gf_mvp_launch_s<2, 4>(p, s);
+        gf_mvp_launch<2>(p, s);
     return 1;
 }
 #endif
