@@ -221,7 +221,11 @@ static __device__ __forceinline__ void gf_q4k_scales(int4 h, int p, uint32_t *sc
     *mn = p >= 2 ? ((a2 >> 4) & 0x0f0f) | ((a1 >> 2) & 0x3030) : a1 & 0x3f3f;
 }
 
-/* The product of a unit with activation codes xa and their blocks' scales xs: */
+/* The product of a unit with activation codes xa and their blocks' scales xs.
+ * The high nibbles are dotted in place, as 16 times their value (unsigned
+ * bytes), and the sum divided by 16 after: one shift a unit instead of one
+ * a word (HI = 0: the shift a word, for the A/B). */
+template <int HI = 1>
 static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], const int4 (&xa)[4],
                                                     const gf_ads (&xs)[2], int p)
 {
@@ -235,8 +239,13 @@ static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], 
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         s0 = gpu_dp4a(w[i] & 0x0F0F0F0F, ax[i], s0);
-        s1 = gpu_dp4a((w[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
+        if (HI)
+            s1 = gpu_dp4a_us(w[i] & 0xF0F0F0F0, ay[i], s1);
+        else
+            s1 = gpu_dp4a((w[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
     }
+    if (HI)
+        s1 >>= 4;   /* a multiple of 16: exact */
     float dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
     float ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
     return xs[0].x * (dl * (float)s0 - ml * xs[0].z) + xs[1].x * (dh * (float)s1 - mh * xs[1].z);
@@ -846,7 +855,7 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-template <int UL>
+template <int UL, int HI>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
@@ -913,7 +922,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #pragma unroll
             for (int k = 0; k < UL; k++)
                 if (ok[k])
-                    acc[j] += gf_q4k_pair(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
+                    acc[j] += gf_q4k_pair<HI>(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
         }
 #pragma unroll
         for (int j = 0; j < R; j++) {
@@ -931,140 +940,6 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
 }
-
-/* ==== the Q4_K decode kernel with a ring of staged rows (CUDA sm_80+) ====
- * gf_mvk_kernel holds a round of rows in flight in registers: ~37 KB an SM,
- * and its blocks fill every SM, so the next product's blocks start only
- * when they end and each kernel boundary leaves the memory idle. Here a
- * block (one an SM, about half its registers and shared memory, so the
- * next kernel's block fits beside it) streams a contiguous range of rows
- * through a ring of NS stages in shared memory by asynchronous copies: the
- * first NS-1 stages go out before the kernel waits for the one ahead
- * (weights are no kernel's output), and each round's copies NS-1 rounds
- * ahead. A stage is a round's RT rows; a lane's units, the activation in
- * registers, the sums in slice order and the store are gf_mvk_kernel's,
- * so y is the same bit for bit. One group of one matrix set, not expert
- * ids. */
-#ifdef GPU_CUDA
-#define GF_MVP_C 8   /* consumer warps a block, beside one producer warp */
-#define GF_MVP_NS 3  /* stages in the ring */
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ unsigned gf_sh(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-/* bytes from global src to shared dst by the bulk copy engine, counted on bar */
-static __device__ __forceinline__ void gf_bulk(void *dst, const void *src, unsigned bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     gf_sh(dst)),
-                 "l"(src), "r"(bytes), "r"(gf_sh(bar))
-                 : "memory");
-}
-
-static __device__ __forceinline__ void gf_bar_expect(uint64_t *bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gf_sh(bar)), "r"(bytes) : "memory");
-}
-
-static __device__ __forceinline__ void gf_bar_wait(uint64_t *bar, int parity)
-{
-    unsigned done;
-    do
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(gf_sh(bar)), "r"(parity)
-                     : "memory");
-    while (!done);
-}
-#endif
-
-template <int UL, int NS>
-__global__ void __launch_bounds__((GF_MVP_C + 1) * GPU_WARP) gf_mvp_kernel(gf_mv p)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    enum { C = GF_MVP_C, R = 4 / UL, RT = C * R };
-    __shared__ uint64_t full[NS], empty[NS];   /* a stage's copies landed; its C warps are done with it */
-    extern __shared__ int4 gf_mvp_ring[];
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP;
-    int U = p.n / 256 * 4, total = p.end[p.parts - 1];
-    int rb = (int)((long long)blockIdx.x * total / gridDim.x), re = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
-    int rounds = (re - rb + RT - 1) / RT, rowb = p.n / 256 * 144;
-    uint8_t *ring = (uint8_t *)gf_mvp_ring;
-    if (threadIdx.x < NS) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gf_sh(&full[threadIdx.x])) : "memory");
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gf_sh(&empty[threadIdx.x])), "r"((int)C) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (warp == C) {   /* the producer: weights are no kernel's output, so it never waits for the one ahead */
-        gpu_grid_launch_dependents();
-        for (int round = 0; round < rounds; round++) {
-            int r0 = rb + round * RT, nr = min(RT, re - r0), st = round % NS;
-            if (round >= NS)
-                gf_bar_wait(&empty[st], (round / NS - 1) & 1);
-            if (lane == 0)
-                gf_bar_expect(&full[st], (unsigned)(nr * rowb));
-            for (int j = lane; j < nr; j += GPU_WARP) {
-                int rr, pt = gf_mv_part(p, r0 + j, &rr);
-                gf_bulk(ring + ((size_t)st * RT + j) * rowb, p.w[pt] + (size_t)rr * p.ldw, (unsigned)rowb, &full[st]);
-            }
-        }
-        return;
-    }
-    gf_pdl_begin();
-    const int4 *aq = (const int4 *)p.aq;   /* group 0's row */
-    const gf_ads *ads = p.ads;
-    int ub[UL], so[UL];   /* this lane's units u = k·32 + lane, at byte so[k] of a row */
-    bool ok[UL];
-    int4 xa[UL][4];
-    gf_ads xs[UL][2];
-#pragma unroll
-    for (int k = 0; k < UL; k++) {
-        int u = k * GPU_WARP + lane;
-        ok[k] = u < U;
-        ub[k] = ok[k] ? u : 0;
-        so[k] = (ub[k] >> 2) * 144;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            xa[k][i] = aq[4 * ub[k] + i];
-        xs[k][0] = ads[2 * ub[k]], xs[k][1] = ads[2 * ub[k] + 1];
-    }
-    /* lane j < R writes the warp's row j of a round; its old y read a round ahead */
-    float yo = gf_mv_old(p, 0, lane < R ? rb + warp * R + lane : re, re);
-    for (int round = 0; round < rounds; round++) {
-        int st = round % NS, r = rb + round * RT + warp * R + lane;
-        float yn = gf_mv_old(p, 0, lane < R ? r + RT : re, re);
-        gf_bar_wait(&full[st], (round / NS) & 1);
-        const uint8_t *rows = ring + ((size_t)st * RT + warp * R) * rowb;
-        float acc[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            acc[j] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < UL; k++) {
-                const int4 *b = (const int4 *)(rows + j * rowb + so[k]);
-                int4 h = b[0], q[2] = {b[1 + 2 * (lane & 3)], b[2 + 2 * (lane & 3)]};
-                if (ok[k])
-                    acc[j] += gf_q4k_pair(h, q, xa[k], xs[k], lane & 3);
-            }
-        }
-        float mine = 0.0f;
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            float sum = warp_sum(acc[j]);   /* every lane's reads of the stage are done after it */
-            mine = lane == j ? sum : mine;
-        }
-        if (lane == 0)
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(gf_sh(&empty[st])) : "memory");
-        if (lane < R && r < re) {
-            int rr, pt = gf_mv_part(p, r, &rr);
-            gf_mv_store(p, pt, rr, gf_mv_at(p, pt, 0, 0, rr), mine, yo);
-        }
-        yo = yn;
-    }
-#endif
-}
-#endif
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
  * Q6_K's 210-byte and Q8_0's 34-byte blocks leave a unit's bytes 2-aligned,
@@ -2433,8 +2308,12 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+    static int old = -1;   /* experiment switch */
+    if (old < 0)
+        old = gf_env("STRATA_GPU_Q4K_SHIFT");
+    void (*k)(gf_mv) = old ? gf_mvk_kernel<UL, 0> : gf_mvk_kernel<UL, 1>;
+    dim3 grid = gf_wave(k, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
+    gf_launch(k, grid, threads, 0, s, p);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
@@ -2476,47 +2355,6 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
 }
 
 #ifdef GPU_CUDA
-template <int UL>
-static void gf_mvp_launch(const gf_mv &p, gpuStream_t s)
-{
-    void (*k)(gf_mv) = gf_mvp_kernel<UL, GF_MVP_NS>;
-    enum { RT = GF_MVP_C * 4 / UL };
-    int smem = GF_MVP_NS * RT * (p.n / 256 * 144), total = p.end[p.parts - 1], sms = gf_sms();
-    static int asked;   /* the most asked for so far */
-    if (smem > 48 * 1024 && smem > asked &&   /* past 48 KB a launch asks (a refusal shows as its error) */
-        gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess)
-        asked = smem;
-    static int bps = -1;   /* experiment switch */
-    if (bps < 0) {
-        const char *v = getenv("STRATA_GPU_MVP_BPS");
-        bps = v && atoi(v) > 1 ? atoi(v) : 1;
-    }
-    int blocks = sms > 0 ? sms * bps : 1;
-    gf_launch(k, dim3(blocks < (total + RT - 1) / RT ? blocks : (total + RT - 1) / RT), (GF_MVP_C + 1) * GPU_WARP,
-              smem, s, p);
-}
-
-/* whether gf_mvp_kernel takes a Q4_K product of one-row groups (and launches it) */
-static int gf_mvp_run(const gf_mv &p, int groups, gpuStream_t s)
-{
-    int arch = 0, sms = 0, UL = 0, S = 0;
-    if (groups != 1 || p.ids || p.ne || p.n % 256 || p.ldw % 16 || gf_env("STRATA_GPU_NO_MVP") ||
-        gpu_device_facts(&arch, &sms) != gpuSuccess || arch < 90 || !gf_mvk_takes(QT_Q4_K, p.n, &UL, &S))
-        return 0;
-    for (int i = 0; i < p.parts; i++)
-        if ((uintptr_t)p.w[i] % 16)
-            return 0;
-    if (S != 1)
-        return 0;
-    if (UL == 1)
-        gf_mvp_launch<1>(p, s);
-    else
-        gf_mvp_launch<2>(p, s);
-    return 1;
-}
-#endif
-
-#ifdef GPU_CUDA
 template <class F, int NB>
 static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 {
@@ -2532,10 +2370,6 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
-#ifdef GPU_CUDA
-        if (gf_mvp_run(p, groups, s))
-            return;
-#endif
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
         else

@@ -156,6 +156,25 @@ static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
 }
 #endif
 
+/* c + the dot product of the four unsigned bytes of a and the four signed
+ * bytes of b. */
+#ifdef GPU_CUDA
+static __device__ __forceinline__ int gpu_dp4a_us(int a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#else
+static __device__ __forceinline__ int gpu_dp4a_us(int a, int b, int c)
+{
+#pragma unroll
+    for (int i = 0; i < 32; i += 8)
+        c += (int)(uint8_t)(a >> i) * (int)(int8_t)(b >> i);
+    return c;
+}
+#endif
+
 /* The lanes of one warp meet: shared-memory writes before it show to every
  * lane after it. */
 #ifdef GPU_CUDA

@@ -660,31 +660,6 @@ static void tg_same(const char *label, const char *path, const char *env)
     model_free(m);
 }
 
-/* The Q4_K decode kernel with a ring of staged rows (gf_mvp_kernel, CUDA
- * sm_80+) against gf_mvk_kernel (STRATA_GPU_NO_MVP=1): the same sums in the
- * same order, so the same logits bit for bit, on dense models whose
- * products take one, two and three column slices and one or two units a
- * lane; and GPU against CPU, teacher-forced. */
-static void tg_mvp(void)
-{
-    static const char *shapes[][2] = {{"n_embd=2048", "n_ff=8192"}, {"n_embd=4096", "n_ff=12288"}};
-    if (!test_begin_gpu("gpu/mvp the ring-staged Q4_K decode kernel against gf_mvk_kernel: bit for bit"))
-        return;
-    for (int i = 0; i < 2; i++) {
-        char err[256], label[64];
-        const char *path = "/tmp/strata-test-gpu-mvp.gguf";
-        char *argv[] = {"synth", "--arch", "qwen3", "--set", (char *)shapes[i][0], "--set", (char *)shapes[i][1],
-                        "--set", "n_layer=2", "--set", "n_head=16", "--set", "n_head_kv=4", "--set", "head_dim=128",
-                        "--set", "n_vocab=3000", "--type", "Q4_K", "-o", (char *)path};
-        if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
-            return;
-        snprintf(label, sizeof label, "qwen3-synth-Q4_K %s %s", shapes[i][0], shapes[i][1]);
-        tg_same(label, path, "STRATA_GPU_NO_MVP");
-        tg_random_model(label, path, 8);
-        remove(path);
-    }
-}
-
 static void tg_moe(void)
 {
     char err[256];
@@ -915,7 +890,6 @@ void test_gpu(void)
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
-    tg_mvp();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
