@@ -224,8 +224,7 @@ static __device__ __forceinline__ void gf_q4k_scales(int4 h, int p, uint32_t *sc
 /* The product of a unit with activation codes xa and their blocks' scales xs.
  * The high nibbles are dotted in place, as 16 times their value (unsigned
  * bytes), and the sum divided by 16 after: one shift a unit instead of one
- * a word (HI = 0: the shift a word, for the A/B). */
-template <int HI = 1>
+ * a word. */
 static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], const int4 (&xa)[4],
                                                     const gf_ads (&xs)[2], int p)
 {
@@ -239,13 +238,9 @@ static __device__ __forceinline__ float gf_q4k_pair(int4 h, const int4 (&q)[2], 
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         s0 = gpu_dp4a(w[i] & 0x0F0F0F0F, ax[i], s0);
-        if (HI)
-            s1 = gpu_dp4a_us(w[i] & 0xF0F0F0F0, ay[i], s1);
-        else
-            s1 = gpu_dp4a((w[i] >> 4) & 0x0F0F0F0F, ay[i], s1);
+        s1 = gpu_dp4a_us(w[i] & 0xF0F0F0F0, ay[i], s1);
     }
-    if (HI)
-        s1 >>= 4;   /* a multiple of 16: exact */
+    s1 >>= 4;   /* a multiple of 16: exact */
     float dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
     float ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
     return xs[0].x * (dl * (float)s0 - ml * xs[0].z) + xs[1].x * (dh * (float)s1 - mh * xs[1].z);
@@ -855,7 +850,7 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-template <int UL, int HI>
+template <int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
@@ -922,7 +917,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
 #pragma unroll
             for (int k = 0; k < UL; k++)
                 if (ok[k])
-                    acc[j] += gf_q4k_pair<HI>(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
+                    acc[j] += gf_q4k_pair(wh[j][k], wq[j][k], xa[k], xs[k], lane & 3);   /* u%4 == lane%4 */
         }
 #pragma unroll
         for (int j = 0; j < R; j++) {
@@ -2308,12 +2303,8 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    static int old = -1;   /* experiment switch */
-    if (old < 0)
-        old = gf_env("STRATA_GPU_Q4K_SHIFT");
-    void (*k)(gf_mv) = old ? gf_mvk_kernel<UL, 0> : gf_mvk_kernel<UL, 1>;
-    dim3 grid = gf_wave(k, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_launch(k, grid, threads, 0, s, p);
+    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
+    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
