@@ -143,22 +143,10 @@ static __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
-/* c + the dot product of the four signed bytes of a and of b (dp4a). */
+/* c + the dot product of the four signed bytes of a and of b (dp4a);
+ * gpu_dp4a_us: of the four unsigned bytes of a and the signed ones of b. */
 #ifdef GPU_CUDA
 #define gpu_dp4a(a, b, c) __dp4a(a, b, c)
-#else
-static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
-{
-#pragma unroll
-    for (int i = 0; i < 32; i += 8)
-        c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
-    return c;
-}
-#endif
-
-/* c + the dot product of the four unsigned bytes of a and the four signed
- * bytes of b. */
-#ifdef GPU_CUDA
 static __device__ __forceinline__ int gpu_dp4a_us(int a, int b, int c)
 {
     int d;
@@ -166,13 +154,16 @@ static __device__ __forceinline__ int gpu_dp4a_us(int a, int b, int c)
     return d;
 }
 #else
-static __device__ __forceinline__ int gpu_dp4a_us(int a, int b, int c)
+template <typename A>   /* a's bytes as A */
+static __device__ __forceinline__ int gpu_dp4a_of(int a, int b, int c)
 {
 #pragma unroll
     for (int i = 0; i < 32; i += 8)
-        c += (int)(uint8_t)(a >> i) * (int)(int8_t)(b >> i);
+        c += (int)(A)(a >> i) * (int)(int8_t)(b >> i);
     return c;
 }
+#define gpu_dp4a(a, b, c) gpu_dp4a_of<int8_t>(a, b, c)
+#define gpu_dp4a_us(a, b, c) gpu_dp4a_of<uint8_t>(a, b, c)
 #endif
 
 /* The lanes of one warp meet: shared-memory writes before it show to every
