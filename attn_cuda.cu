@@ -875,7 +875,7 @@ struct akd_shape {
     static constexpr int STAGE = C * (KS + VS);
     static constexpr int NST = NSTQ ? NSTQ : 3 * STAGE * NW <= 65536 ? 3 : 2;
     static constexpr int RING = NW * NST * STAGE;
-    static constexpr int MERGE = NW * 8 * NB * (E + 2) * 4;
+    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 2 * 8 * NB) * 4; /* m, l, weights, Oᵀ (akd_opos) */
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
     static constexpr int PLD = C + 8;
     static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;
@@ -923,6 +923,19 @@ static __device__ __forceinline__ void akd_wait()
 static __device__ __forceinline__ int akd_vword(int j, int g)
 {
     return 8 * (g >> 1) + (g & 1) + 2 * j;
+}
+
+/* Where the block's merge keeps element e of Oᵀ's row `row` (warp w's
+ * query row r: row w·NR + r). A warp stores an element of each of its
+ * lanes' rows 2t4 + c at once (e from the lane's g as the Vᵀ·Pᵀ fragment
+ * lays it out), and the readers take 32 consecutive e of one row: both on
+ * 32 distinct banks. Plain rows: e XOR t4 (without it, four lanes a bank);
+ * ROW_I8C rows (e = 32(g >> 1) + 4(g & 1) + ..., sixteen lanes a bank as
+ * row·E + e): rows of E + 4 and e skewed by e / 32. */
+template <int ROW, int E>
+static __device__ __forceinline__ int akd_opos(int row, int e)
+{
+    return ROW == ROW_I8C ? row * (E + 4) + e + (e >> 5) : row * E + (e ^ ((row >> 1) & 3));
 }
 
 /* Four int8 codes (bytes 0..3 of w) as two f16 pairs (0,1) and (2,3),
@@ -1151,10 +1164,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         for (int ks = 0; ks < KT; ks++) {
             /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
             int e = ROW == ROW_I8C ? 4 * (t4 * KT + ks) : 16 * ks + 4 * t4;
-            float x0 = src ? src[e] : 0.0f, x1 = src ? src[e + 1] : 0.0f;
-            float x2 = src ? src[e + 2] : 0.0f, x3 = src ? src[e + 3] : 0.0f;
-            ak_split2(x0, x1, &qh[nb][ks][0], &ql[nb][ks][0]);
-            ak_split2(x2, x3, &qh[nb][ks][1], &ql[nb][ks][1]);
+            float4 x = src ? *(const float4 *)(src + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ak_split2(x.x, x.y, &qh[nb][ks][0], &ql[nb][ks][0]);
+            ak_split2(x.z, x.w, &qh[nb][ks][1], &ql[nb][ks][1]);
         }
 #pragma unroll
         for (int c = 0; c < 2; c++)
@@ -1367,7 +1379,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     /* the block's merge: each warp's (m, l, Oᵀ) in the rings' place */
     akd_wait<0>();
     __syncthreads();
-    float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ow = lw + NW * NR; /* (NW, NR), (NW, NR), (NW, NR, E) */
+    /* (NW, NR) maxima, then each warp's weight exp(m - M); (NW, NR) sums;
+     * (NR) M and (NR) L; Oᵀ by akd_opos */
+    float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ms = lw + NW * NR, *ow = ms + 2 * NR;
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
@@ -1387,29 +1401,49 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             for (int i = 0; i < 4; i++) {
                 int r = 8 * nb + 2 * t4 + (i & 1);
                 int e = (ROW == ROW_I8C ? 4 * akd_vword(mt >> 1, g) : 32 * (mt >> 1) + 4 * g) + (i >> 1) + 2 * (mt & 1);
-                ow[(w * NR + r) * E + e] = O[nb][mt][i];
+                ow[akd_opos<ROW, E>(w * NR + r, e)] = O[nb][mt][i];
             }
     }
     __syncthreads();
-    int TH = a.T * a.H;
-    for (int idx = threadIdx.x; idx < R * E; idx += NW * 32) {
-        int r = idx / E, e = idx % E;
-        float M = -INFINITY;
+    if (threadIdx.x < NR) {   /* row r: M, each warp's weight, L, once (not per element) */
+        int r = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
 #pragma unroll
         for (int v = 0; v < NW; v++)
             M = fmaxf(M, mw[v * NR + r]);
-        float L = 0.0f, acc = 0.0f;
 #pragma unroll
         for (int v = 0; v < NW; v++) {
             float mv = mw[v * NR + r];
-            if (mv == -INFINITY)
-                continue; /* a warp that saw no cell of this row */
-            float wt = expf(mv - M);
+            float wt = mv == -INFINITY ? 0.0f : expf(mv - M);   /* a warp that saw no cell of this row: 0 */
             L = fmaf(wt, lw[v * NR + r], L);
-            acc = fmaf(wt, ow[(v * NR + r) * E + e], acc);
+            mw[v * NR + r] = wt;
         }
-        if (direct) {   /* (a warp's 32 idx: one block of 32 of a row) */
-            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc * (L > 0.0f ? 1.0f / L : 0.0f),
+        ms[r] = M;
+        ms[NR + r] = L;
+    }
+    __syncthreads();
+    /* thread k·32·NW + tid: element idx of the rows; a warp's 32 one block
+     * of 32 of a row. The sums first, their loads in flight together */
+    constexpr int NI = NR * E / (NW * 32);
+    float acc[NI];
+#pragma unroll
+    for (int k = 0; k < NI; k++) {
+        int idx = threadIdx.x + k * NW * 32, r = idx / E, e = idx % E;
+        acc[k] = 0.0f;
+        if (r < R)
+#pragma unroll
+            for (int v = 0; v < NW; v++)
+                acc[k] = fmaf(mw[v * NR + r], ow[akd_opos<ROW, E>(v * NR + r, e)], acc[k]);
+    }
+    int TH = a.T * a.H;
+#pragma unroll
+    for (int k = 0; k < NI; k++) {
+        int idx = threadIdx.x + k * NW * 32, r = idx / E, e = idx % E;
+        if (r >= R)
+            break;
+        float M = ms[r], L = ms[NR + r];
+        if (direct) {
+            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc[k] * (L > 0.0f ? 1.0f / L : 0.0f),
                          a.H * E, a.out_bt);
             continue;
         }
@@ -1419,7 +1453,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             a.ml[row * 2 + 1] = L;
         }
         if (M != -INFINITY)
-            a.acc[row * E + e] = acc;
+            a.acc[row * E + e] = acc[k];
     }
 #else
     (void)a;
