@@ -1728,10 +1728,10 @@ static void akd_pick(int E, int nb, int nst, int c, ak_fn *fn, int *smem, int *n
  * dependents (pdl, sm_90 only), the merge's carveout at most shared memory too (mc), page
  * ids 32 steps ahead in registers (pgreg), int8 rows unpadded (i8c: ROW_I8C,
  * E = 128, dense and QSA in one order, dense runs copied in 16-byte
- * pieces), entries per warp step (c: 16, or 32 for E = 128); i8c < 0 and
- * c <= 0 choose by the context (AKD_LONG). STRATA_ATTN_DEC=
+ * pieces), entries per warp step (c: 16, or 32 for E = 128); nst < 0,
+ * i8c < 0 and c <= 0 choose by the context (AKD_LONG). STRATA_ATTN_DEC=
  * "nst,per_sm,dyn,pdl,mc,pgreg,i8c,c" overrides the default
- * "0,0,1,1,0,0,-1,0", for the benchmark's comparisons (test_gpu_attn.c).
+ * "-1,0,1,1,0,0,-1,0", for the benchmark's comparisons (test_gpu_attn.c).
  * H200: one wave + dyn + pdl measured fastest (BENCH.md, second pass), and
  * for int8 at 32K cells i8c with 32-entry steps (third pass). */
 struct akd_cfg {
@@ -1746,14 +1746,17 @@ struct akd_cfg {
  * made per capture (max_cells), never per position (a graph replays at
  * any). The rows: tg128 at 32K, Qwen3-8B shape (4 query heads a KV head)
  * 276.5 tok/s unpadded against 256.6 padded (sixth pass; 298 unpadded since
- * the seventh); Qwen3-30B-A3B shape (8) 263.5 against 271.4 (BENCH.md,
- * seventh pass). */
+ * the seventh); Qwen3-30B-A3B shape (8) 331.6 against 308.2 since the
+ * sixteenth pass freed the unpadded rows' merge of its bank conflicts
+ * (263.5 against 271.4 before). f16 cells from AKD_LONG take three ring
+ * stages (two blocks an SM instead of three): tg128 at 32K 291.2 against
+ * 289.0 (8B), 312.5 against 302.8 (30B-A3B, BENCH.md, sixteenth pass). */
 #define AKD_LONG 8192
-#define AKD_I8C_G 4
+#define AKD_I8C_G 8
 
 static struct akd_cfg akd_cfg_get(void)
 {
-    struct akd_cfg c = {0, 0, 1, 1, 0, 0, -1, 0};
+    struct akd_cfg c = {-1, 0, 1, 1, 0, 0, -1, 0};
     const char *v = getenv("STRATA_ATTN_DEC");
     if (v && *v)
         sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d", &c.nst, &c.per_sm, &c.dyn, &c.pdl, &c.mc, &c.pgreg, &c.i8c, &c.c);
@@ -1799,9 +1802,10 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     cf.pdl = cf.pdl && arch >= 90;
     ak_args a = ak_args_of(g, qsa);
     int rows = qsa || a.multi ? a.G : g->T * a.G, nb = rows > 8 ? 2 : 1, Z = qsa || a.multi ? g->T : 1, S = 1;
-    int longc = g->kv.cell == KV_CELL_INT8 && a.E == 128 && g->max_cells >= AKD_LONG;
-    cf.i8c = cf.i8c < 0 ? longc && a.G <= AKD_I8C_G : cf.i8c;
-    cf.c = cf.c > 0 ? cf.c : longc ? 32 : 16;
+    int longc = a.E == 128 && g->max_cells >= AKD_LONG, long8 = longc && g->kv.cell == KV_CELL_INT8;
+    cf.i8c = cf.i8c < 0 ? long8 && a.G <= AKD_I8C_G : cf.i8c;
+    cf.c = cf.c > 0 ? cf.c : long8 ? 32 : 16;
+    cf.nst = cf.nst >= 0 ? cf.nst : longc && g->kv.cell == KV_CELL_F16 ? 3 : 0;
     ak_fn fn;
     int smem, nw, cs;
     if (g->kv.cell == KV_CELL_INT8 && cf.i8c && a.E == 128)

@@ -685,7 +685,8 @@ void test_gpu_attn(void)
      * of it (16 causal rows, the most ak_dec takes); 96, which only the
      * simt kernel takes; pages of 16..128 cells, the Qwen3-8B shape's T = 1
      * decode with pages of 16 and 128 too, and at 8,400 cells (a context
-     * long enough for int8's 32-entry steps, attn_cuda.cu's AKD_LONG) */
+     * long enough for int8's 32-entry steps and f16's three ring stages,
+     * attn_cuda.cu's AKD_LONG), there also as the Qwen3-30B-A3B's GQA 8:1 */
     static const struct gcfg fast[] = {
         {128, 8, 1, 1500, 256, 4, 64, 512, 64, 1},
         {256, 12, 1, 2100, 64, 2, 64, 512, 64, 1},
@@ -699,6 +700,7 @@ void test_gpu_attn(void)
         {128, 4, 8, 1000, 2, 1, 16, 256, 32, 1},
         {128, 4, 2, 700, 3, 1, 128, 256, 32, 1},
         {128, 4, 8, 8400, 2, 1, 64, 512, 32, 1},
+        {128, 8, 2, 8400, 2, 1, 64, 512, 32, 1},
     };
     for (size_t i = 0; i < sizeof fast / sizeof *fast; i++)
         run_config(&fast[i], 21 + (unsigned)i);
