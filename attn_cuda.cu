@@ -1740,9 +1740,10 @@ struct akd_cfg {
 
 /* max_cells from which int8 cells of head dim 128 take 32-entry steps, in
  * ROW_I8C rows where a KV head serves up to AKD_I8C_G query heads: on the
- * H200 at 32K cells 37.9 us a layer against 55 with 16-entry padded rows,
- * but 17.3 against 16.3 at 4K and 10.7 against 10.3 at 512 live cells (one
- * step a warp, half the blocks), so a short context keeps 16; the choice is
+ * H200 at 32K cells 37.9 us a layer (31.7 since the sixteenth pass)
+ * against 55 with 16-entry padded rows, but 17.3 against 16.3 at 4K and
+ * 10.7 against 10.3 at 512 live cells (one step a warp, half the blocks),
+ * so a short context keeps 16; the choice is
  * made per capture (max_cells), never per position (a graph replays at
  * any). The rows: tg128 at 32K, Qwen3-8B shape (4 query heads a KV head)
  * 276.5 tok/s unpadded against 256.6 padded (sixth pass; 298 unpadded since
