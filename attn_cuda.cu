@@ -875,7 +875,7 @@ struct akd_shape {
     static constexpr int STAGE = C * (KS + VS);
     static constexpr int NST = NSTQ ? NSTQ : 3 * STAGE * NW <= 65536 ? 3 : 2;
     static constexpr int RING = NW * NST * STAGE;
-    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 2 * 8 * NB) * 4; /* m, l, weights, Oᵀ (akd_opos) */
+    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 2 * 8 * NB) * 4; /* per warp row m (then its weight), l and Oᵀ (akd_opos: up to E + 4); per row M, L */
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
     static constexpr int PLD = C + 8;
     static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;
