@@ -598,6 +598,16 @@ struct gf_mv1_shape {
     };
 };
 
+/* a float read from L2, past this SM's L1 */
+static __device__ __forceinline__ float gf_ld_l2(const float *p)
+{
+#ifdef GPU_CUDA
+    return __ldcg(p);
+#else
+    return *(volatile const float *)p;
+#endif
+}
+
 /* a weight byte read once: evict it first (the activation stays in L1) */
 static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
 {
@@ -850,8 +860,10 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-template <int UL>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
+/* the kernel's work on this block; wait() stands between the first
+ * round's weight loads and the first load of another kernel's output */
+template <int UL, class W>
+static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
@@ -873,7 +885,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     int tile = blockIdx.x;
     if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-    gf_pdl_begin();
+    wait();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
     size_t eo = gf_group_off(p, g);
@@ -934,6 +946,12 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
+}
+
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
+{
+    gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
 }
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
@@ -1691,16 +1709,17 @@ struct gf_qkv {
     int pt_stride;
 };
 
-/* block (t, head of H+K+K): q heads, then k, then v */
-__global__ void gf_qkv_kernel(gf_qkv p)
+/* Head hd (of H+K+K: q heads, then k, then v) of token t on this block,
+ * heads of up to EMAX; wait() before the first load of q, k or v. First
+ * what no kernel ahead writes (gpu_eval copied the position and the page
+ * table before the pass): the cell, its page, RoPE's angles and the
+ * norm's weights, so that their loads and the sines overlap the kernel
+ * ahead instead of following it. */
+template <int EMAX, class W>
+static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, W wait)
 {
-    /* First what no kernel ahead writes (gpu_eval copied the position and
-     * the page table before the pass): the cell, its page, RoPE's angles
-     * and the norm's weights, so that their loads and the sines overlap the
-     * kernel ahead instead of following it. */
-    gpu_grid_launch_dependents();
-    __shared__ float hv[1024], nwv[1024], co[512], si[512];
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    __shared__ float hv[EMAX], nwv[EMAX], co[EMAX / 2], si[EMAX / 2];
+    int E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
     const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
     float *x;
     const float *b, *nw;
@@ -1727,9 +1746,11 @@ __global__ void gf_qkv_kernel(gf_qkv p)
             th = __fmul_rn(p.freq_scale, th);
             co[i] = cosf(th), si[i] = sinf(th);
         }
-    gpu_grid_wait();
-    for (int i = threadIdx.x; i < E; i += blockDim.x)
-        hv[i] = b ? x[i] + b[i] : x[i];
+    wait();
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float xi = gf_ld_l2(x + i);   /* (written by other blocks of gf_mvk_qkv_kernel: not from L1) */
+        hv[i] = b ? xi + b[i] : xi;
+    }
     __syncthreads();
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
@@ -1763,6 +1784,60 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         if (p.kv.pages && threadIdx.x < 32)
             gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
     }
+}
+
+/* block (t, head of H+K+K) */
+__global__ void gf_qkv_kernel(gf_qkv p)
+{
+    gpu_grid_launch_dependents();
+    gf_qkv_head<1024>(p, blockIdx.x, blockIdx.y, [] { gpu_grid_wait(); });
+}
+
+/* One token's q, k and v (one sequence, T = 1) as one Q4_K product
+ * (gf_mvk_kernel's body, heads of at most GF_QKV_FUSED_E whole tiles) and
+ * gf_qkv_kernel's work in the same launch: when its rows are stored, each
+ * block adds its tiles' rows to their heads' counts (count: H+K+K, zero
+ * between steps), and the block that completes a head does that head's
+ * bias, RMSNorm, RoPE and cell, then sets its count back to zero. The same
+ * sums as the two kernels (the head's with 128-thread blocks), one
+ * kernel boundary fewer a layer. */
+#define GF_QKV_FUSED_E 256
+/* gf_mvk_qkv_kernel's end: this block's tiles of RT rows counted, its heads done */
+static __device__ __forceinline__ void gf_qkv_heads_done(const gf_mv &p, const gf_qkv &h, int *count, int RT)
+{
+    __shared__ int fin[GPU_WARP], nfin;
+    int total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
+    int mine = ((int)blockIdx.x < tiles ? tiles - blockIdx.x + gridDim.x - 1 : 0) / gridDim.x;
+    __threadfence();   /* this block's rows show before its counts */
+    for (int i0 = 0; i0 < mine; i0 += GPU_WARP) {
+        __syncthreads();
+        if (threadIdx.x == 0)
+            nfin = 0;
+        __syncthreads();
+        int i = i0 + threadIdx.x;
+        if (threadIdx.x < GPU_WARP && i < mine) {
+            int r0 = (blockIdx.x + i * gridDim.x) * RT, n = min(RT, total - r0), hd = r0 / h.E;
+            if (atomicAdd(&count[hd], n) + n == h.E)
+                fin[atomicAdd(&nfin, 1)] = hd;
+        }
+        __syncthreads();
+        for (int j = 0; j < nfin; j++) {
+            __threadfence();   /* the other blocks' rows of the head, counted, now read */
+            gf_qkv_head<GF_QKV_FUSED_E>(h, 0, fin[j], [] {});
+            if (threadIdx.x == 0)
+                count[fin[j]] = 0;
+            __syncthreads();
+        }
+    }
+}
+
+template <int UL>
+/* (with the heads' code in it, a bound of 512 threads had nvcc keep to 64
+ * registers and spill; 128 is what the product needs for 4 blocks an SM) */
+__global__ void GPU_MAXNREG(128) gf_mvk_qkv_kernel(gf_mv p, gf_qkv h, int *count)
+{
+    gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
+    gf_qkv_heads_done(p, h, count, GF_MVK_SUB * (2 / UL));
 }
 
 /* ==== MoE: routing, weighted sum ==== */
@@ -1950,6 +2025,7 @@ struct gpu_ctx {
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
     void *attn_scratch, *gemm_scratch;
+    int *heads;            /* gf_mvk_qkv_kernel's counts (H+K+K), zero between steps */
     size_t gemm_scratch_bytes;
     int B;                 /* the most sequences of a batch step: min(T, GF_DECODE_T) */
     int rows;              /* the pass in progress takes one sequence a row (gpu_eval_batch) */
@@ -2288,7 +2364,8 @@ static int gf_sms(void)
  * resident at once (*per_sm: how many an SM holds, asked once) over the
  * groups, at most a block a tile. (A failed query: one block a group; the
  * launch's own error check reports a broken device.) */
-static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int tiles)
+template <class K>
+static dim3 gf_wave(K k, int threads, int smem, int *per_sm, int groups, int tiles)
 {
     int sms = gf_sms(), b = 0;
     if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
@@ -2305,6 +2382,15 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
     dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
     gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+}
+
+template <int UL>
+static void gf_mvk_qkv_launch(const gf_mv &p, const gf_qkv &h, int *count, int S, gpuStream_t s)
+{
+    int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
+    static int per_sm[GF_MVK_SMAX + 1];
+    dim3 grid = gf_wave(gf_mvk_qkv_kernel<UL>, threads, 0, &per_sm[S], 1, (p.end[p.parts - 1] + rt - 1) / rt);
+    gf_launch(gf_mvk_qkv_kernel<UL>, grid, threads, 0, s, p, h, count);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
@@ -2472,6 +2558,38 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
  * matrices of one type and width in one launch. */
+/* The matrix-vector launch of o[i] and of the products after it that share
+ * its type and shape (marked done), into *p; returns its tokens a group. */
+static int gf_mv_of(const struct gpu_ctx *c, const struct gf_out *o, int n_out, int i, const float *af, int T,
+                    int accumulate, int *done, gf_mv *p)
+{
+    memset(p, 0, sizeof *p);
+    const struct gf_mat *w = o[i].w;
+    /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
+     * cores; else as one-row groups of the decode kernels where those beat
+     * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
+     * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
+     * 4 or 8); else 8-row blocks */
+    int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
+    int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
+    p->ldw = w->ldw, p->estride = w->stride, p->n = w->n;
+    p->aq = c->aq, p->ads = c->ads, p->bt = c->abt, p->af = af;
+    p->a_div = 1, p->a_g = nt, p->t_total = T, p->accumulate = accumulate;
+    for (int j = i; j < n_out; j++) {
+        const struct gf_mat *wj = o[j].w;
+        if (done[j] || wj->type != w->type || wj->n != w->n || wj->ldw != w->ldw)
+            continue;
+        int k = p->parts++;
+        p->w[k] = wj->d;
+        p->end[k] = (k ? p->end[k - 1] : 0) + wj->rows;
+        p->y[k] = o[j].y, p->y_t[k] = o[j].ldy, p->y_g[k] = (size_t)nt * o[j].ldy, p->bias[k] = o[j].bias;
+        done[j] = 1;
+    }
+    for (int k = p->parts; k < GF_PARTS; k++)
+        p->end[k] = p->end[p->parts - 1];
+    return nt;
+}
+
 static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, const float *af, int T,
                        int accumulate, char *err, size_t errlen)
 {
@@ -2498,34 +2616,11 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         if (done[i])
             continue;
         gf_mv p;
-        memset(&p, 0, sizeof p);
-        const struct gf_mat *w = o[i].w;
-        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
-         * cores; else as one-row groups of the decode kernels where those beat
-         * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
-         * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
-         * 4 or 8); else 8-row blocks */
-        int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
-        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
+        int nt = gf_mv_of(c, o, n_out, i, af, T, accumulate, done, &p);
         if (c->abt && nt != GF_MMA_T)   /* (a writer's gf_act_bt over other products than these) */
             return strata_errf(err, errlen, "GPU: a %s product reads an activation laid out for batch products",
-                               gguf_type_name(w->type));
-        p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
-        p.aq = c->aq, p.ads = c->ads, p.bt = c->abt, p.af = af;
-        p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
-        for (int j = i; j < n_out; j++) {
-            const struct gf_mat *wj = o[j].w;
-            if (done[j] || wj->type != w->type || wj->n != w->n || wj->ldw != w->ldw)
-                continue;
-            int k = p.parts++;
-            p.w[k] = wj->d;
-            p.end[k] = (k ? p.end[k - 1] : 0) + wj->rows;
-            p.y[k] = o[j].y, p.y_t[k] = o[j].ldy, p.y_g[k] = (size_t)nt * o[j].ldy, p.bias[k] = o[j].bias;
-            done[j] = 1;
-        }
-        for (int k = p.parts; k < GF_PARTS; k++)
-            p.end[k] = p.end[p.parts - 1];
-        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
+                               gguf_type_name(o[i].w->type));
+        if (gf_mv_launch(o[i].w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
     return 0;
@@ -2679,10 +2774,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                             {&ly->wv, c->v, (size_t)KE, NULL}};
     c->abt = gf_act_bt(qkv, 3, T);
     if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
-               errlen) ||
-        (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
+               errlen))
         return -1;
-    gf_mark(c, GF_ST_QKV);
+    gf_mark(c, GF_ST_NORM);
     gf_qkv qp;
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL, qp.rope_freqs = c->g->rope_freqs;
@@ -2694,8 +2788,25 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
     qp.pt_stride = c->max_pages;
-    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
-    GF_LAUNCH_CHECK(err, errlen);
+    /* one token of one sequence whose q, k and v are one Q4_K product of
+     * whole tiles a head: the product and the heads' work in one kernel
+     * (STRATA_GPU_NO_QKV_FUSE=1: the two, for comparisons) */
+    int UL = 0, S = 0, done[3] = {0};
+    gf_mv p;
+    int fuse = T == 1 && !c->rows && !c->abt && E <= GF_QKV_FUSED_E && gf_mvk_takes(ly->wq.type, D, &UL, &S) &&
+               E % (GF_MVK_SUB * (2 / UL)) == 0 && (gf_mv_of(c, qkv, 3, 0, c->xn, T, 0, done, &p), p.parts == 3) &&
+               !gf_env("STRATA_GPU_NO_QKV_FUSE");
+    if (fuse) {
+        UL == 1 ? gf_mvk_qkv_launch<1>(p, qp, c->heads, S, s) : gf_mvk_qkv_launch<2>(p, qp, c->heads, S, s);
+        GF_LAUNCH_CHECK(err, errlen);
+        gf_mark(c, GF_ST_QKV);
+    } else {
+        if (gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen))
+            return -1;
+        gf_mark(c, GF_ST_QKV);
+        gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
+        GF_LAUNCH_CHECK(err, errlen);
+    }
     gf_mark(c, GF_ST_ROPE_STORE);
 
     struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo};
@@ -2798,7 +2909,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->offs, c->xs};
+                    c->offs, c->xs, c->heads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -2903,7 +3014,10 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
-             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ||
+             gf_alloc((void **)&c->heads, (size_t)(hp->n_head + 2 * hp->n_head_kv) * sizeof(int), err, errlen) ? -1 : 0;
+        if (!rc && gpuMemset(c->heads, 0, (size_t)(hp->n_head + 2 * hp->n_head_kv) * sizeof(int)) != gpuSuccess)
+            rc = strata_errf(err, errlen, "gpuMemset failed");
     }
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, gf_io_ints(c) * sizeof(int32_t));
