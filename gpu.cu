@@ -1709,34 +1709,32 @@ struct gf_qkv {
     int pt_stride;
 };
 
-/* Head hd (of H+K+K: q heads, then k, then v) of token t on this block,
- * heads of up to EMAX; wait() before the first load of q, k or v. First
- * what no kernel ahead writes (gpu_eval copied the position and the page
- * table before the pass): the cell, its page, RoPE's angles and the
- * norm's weights, so that their loads and the sines overlap the kernel
- * ahead instead of following it. */
-template <int EMAX, class W>
-static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, W wait)
+/* gf_qkv_kernel's shared memory for heads of up to EMAX: a head's values,
+ * the q and k norms' weights, RoPE's cosines and sines, the cell's page */
+template <int EMAX>
+struct gf_qkv_smem {
+    float hv[EMAX], nw[2][EMAX], co[EMAX / 2], si[EMAX / 2];
+    int pg;
+};
+
+/* What no kernel ahead writes (gpu_eval copied the position and the page
+ * table before the pass), for token t's q heads (q) and k heads (k): the
+ * norms' weights, RoPE's angles, the cell's page; loaded before the wait,
+ * so that the loads and the sines overlap the kernel ahead. */
+template <int EMAX>
+static __device__ __forceinline__ void gf_qkv_prep(const gf_qkv &p, int t, bool q, bool k, gf_qkv_smem<EMAX> &m)
 {
-    __shared__ float hv[EMAX], nwv[EMAX], co[EMAX / 2], si[EMAX / 2];
     int E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
     const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
-    float *x;
-    const float *b, *nw;
-    if (hd < p.H) {
-        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm;
-    } else if (hd < p.H + p.K) {
-        int h = hd - p.H;
-        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm;
-    } else {
-        int h = hd - p.H - p.K;
-        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
+    if (threadIdx.x == 0)
+        m.pg = p.kv.pages ? pt[cell / p.kv.P] : 0;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        if (q && p.q_norm)
+            m.nw[0][i] = p.q_norm[i];
+        if (k && p.k_norm)
+            m.nw[1][i] = p.k_norm[i];
     }
-    int pg = p.kv.pages && hd >= p.H ? pt[cell / p.kv.P] : 0;
-    if (nw)
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
-            nwv[i] = nw[i];
-    if (hd < p.H + p.K)
+    if (q || k)
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
             /* θ as the CPU forms it: position, times theta_scale i times in f32 */
             float theta = (float)cell;
@@ -1744,9 +1742,28 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
                 theta = __fmul_rn(theta, p.theta_scale);
             float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
             th = __fmul_rn(p.freq_scale, th);
-            co[i] = cosf(th), si[i] = sinf(th);
+            m.co[i] = cosf(th), m.si[i] = sinf(th);
         }
-    wait();
+}
+
+/* Head hd (of H+K+K: q heads, then k, then v) of token t on this block,
+ * after gf_qkv_prep (and a barrier): bias, the head's RMSNorm, RoPE, and
+ * for k and v the cell. */
+template <int EMAX>
+static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, gf_qkv_smem<EMAX> &m)
+{
+    int E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    float *x, *hv = m.hv;
+    const float *b, *nw;
+    if (hd < p.H) {
+        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm ? m.nw[0] : NULL;
+    } else if (hd < p.H + p.K) {
+        int h = hd - p.H;
+        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm ? m.nw[1] : NULL;
+    } else {
+        int h = hd - p.H - p.K;
+        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
+    }
     for (int i = threadIdx.x; i < E; i += blockDim.x) {
         float xi = gf_ld_l2(x + i);   /* (written by other blocks of gf_mvk_qkv_kernel: not from L1) */
         hv[i] = b ? xi + b[i] : xi;
@@ -1757,7 +1774,7 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
             x[i] = hv[i];
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, m.pg, hd - p.H - p.K, 1, x);
         return;
     }
     if (nw) {
@@ -1767,22 +1784,22 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
         s = gf_block_sum(s);
         float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
         for (int i = threadIdx.x; i < E; i += blockDim.x)
-            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
+            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nw[i]);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
-        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
-        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
+        x[i0] = fmaf(a, m.co[i], -__fmul_rn(c, m.si[i]));
+        x[i1] = fmaf(a, m.si[i], __fmul_rn(c, m.co[i]));
     }
     for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
+            gf_store_row(p.kv, p.layer, p.krow, cell, m.pg, hd - p.H, 0, x);
     }
 }
 
@@ -1790,7 +1807,11 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
     gpu_grid_launch_dependents();
-    gf_qkv_head<1024>(p, blockIdx.x, blockIdx.y, [] { gpu_grid_wait(); });
+    __shared__ gf_qkv_smem<1024> m;
+    int hd = blockIdx.y;
+    gf_qkv_prep(p, blockIdx.x, hd < p.H, hd >= p.H && hd < p.H + p.K, m);
+    gpu_grid_wait();
+    gf_qkv_head(p, blockIdx.x, hd, m);
 }
 
 /* One token's q, k and v (one sequence, T = 1) as one Q4_K product
@@ -1803,12 +1824,14 @@ __global__ void gf_qkv_kernel(gf_qkv p)
  * kernel boundary fewer a layer. */
 #define GF_QKV_FUSED_E 256
 /* gf_mvk_qkv_kernel's end: this block's tiles of RT rows counted, its heads done */
-static __device__ __forceinline__ void gf_qkv_heads_done(const gf_mv &p, const gf_qkv &h, int *count, int RT)
+static __device__ __forceinline__ void gf_qkv_heads_done(const gf_mv &p, const gf_qkv &h, int *count, int RT,
+                                                         gf_qkv_smem<GF_QKV_FUSED_E> &m)
 {
     __shared__ int fin[GPU_WARP], nfin;
     int total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     int mine = ((int)blockIdx.x < tiles ? tiles - blockIdx.x + gridDim.x - 1 : 0) / gridDim.x;
-    __threadfence();   /* this block's rows show before its counts */
+    if ((int)threadIdx.x < RT)
+        __threadfence();   /* this block's rows (gf_slices_store's writers) show before its counts */
     for (int i0 = 0; i0 < mine; i0 += GPU_WARP) {
         __syncthreads();
         if (threadIdx.x == 0)
@@ -1823,7 +1846,7 @@ static __device__ __forceinline__ void gf_qkv_heads_done(const gf_mv &p, const g
         __syncthreads();
         for (int j = 0; j < nfin; j++) {
             __threadfence();   /* the other blocks' rows of the head, counted, now read */
-            gf_qkv_head<GF_QKV_FUSED_E>(h, 0, fin[j], [] {});
+            gf_qkv_head(h, 0, fin[j], m);
             if (threadIdx.x == 0)
                 count[fin[j]] = 0;
             __syncthreads();
@@ -1836,8 +1859,12 @@ template <int UL>
  * registers and spill; 128 is what the product needs for 4 blocks an SM) */
 __global__ void GPU_MAXNREG(128) gf_mvk_qkv_kernel(gf_mv p, gf_qkv h, int *count)
 {
-    gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
-    gf_qkv_heads_done(p, h, count, GF_MVK_SUB * (2 / UL));
+    __shared__ gf_qkv_smem<GF_QKV_FUSED_E> m;
+    gf_mvk_body<UL>(p, [&] {   /* the heads' weights and angles while the first rows load */
+        gf_qkv_prep(h, 0, true, true, m);
+        gf_pdl_begin();
+    });
+    gf_qkv_heads_done(p, h, count, GF_MVK_SUB * (2 / UL), m);
 }
 
 /* ==== MoE: routing, weighted sum ==== */
