@@ -598,16 +598,6 @@ struct gf_mv1_shape {
     };
 };
 
-/* a float read from L2, past this SM's L1 */
-static __device__ __forceinline__ float gf_ld_l2(const float *p)
-{
-#ifdef GPU_CUDA
-    return __ldcg(p);
-#else
-    return *(volatile const float *)p;
-#endif
-}
-
 /* a weight byte read once: evict it first (the activation stays in L1) */
 static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
 {
@@ -860,8 +850,9 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-/* the kernel's work on this block; wait() stands between the first
- * round's weight loads and the first load of another kernel's output */
+/* One product of the kernel below on this block; wait() stands between
+ * the first round's weight loads and everything that reads another
+ * kernel's (or phase's) output. */
 template <int UL, class W>
 static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
 {
@@ -952,6 +943,48 @@ template <int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
+}
+
+/* ==== a probe: products back to back in one resident grid ====
+ * gf_chain_kernel runs n products (one-slice Q4_K rows, UL = 2) of one
+ * token one after the other in a single launch of gf_mvk_kernel's grid, a
+ * grid-wide barrier between them instead of a kernel boundary; each
+ * block's first round of the next product is loaded before the barrier.
+ * gpu_test_chain_us times it against the same products as launches.
+ * (Every block is resident at once: a cooperative launch.) */
+#define GF_CHAIN_MAX 6
+struct gf_chain {
+    gf_mv p[GF_CHAIN_MAX];
+    int n, reps;
+    unsigned *count;   /* zero before the launch: blocks arrived at barriers */
+};
+
+/* all blocks of the grid meet: the k-th barrier (k = 1, 2, ...) of the launch */
+static __device__ __forceinline__ void gf_grid_barrier(unsigned *count, unsigned k)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned target = k * gridDim.x * gridDim.y;
+        __threadfence();
+        atomicAdd(count, 1u);
+        while (*(volatile unsigned *)count < target)
+            ;
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(GF_MVK_SUB * GPU_WARP) gf_chain_kernel(gf_chain c)
+{
+    unsigned k = 0;
+    for (int r = 0; r < c.reps; r++)
+        for (int i = 0; i < c.n; i++) {
+            gf_mvk_body<2>(c.p[i], [&] {
+                if (k)
+                    gf_grid_barrier(c.count, k);
+                k++;
+            });
+        }
 }
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
@@ -1709,32 +1742,33 @@ struct gf_qkv {
     int pt_stride;
 };
 
-/* gf_qkv_kernel's shared memory for heads of up to EMAX: a head's values,
- * the q and k norms' weights, RoPE's cosines and sines, the cell's page */
-template <int EMAX>
-struct gf_qkv_smem {
-    float hv[EMAX], nw[2][EMAX], co[EMAX / 2], si[EMAX / 2];
-    int pg;
-};
-
-/* What no kernel ahead writes (gpu_eval copied the position and the page
- * table before the pass), for token t's q heads (q) and k heads (k): the
- * norms' weights, RoPE's angles, the cell's page; loaded before the wait,
- * so that the loads and the sines overlap the kernel ahead. */
-template <int EMAX>
-static __device__ __forceinline__ void gf_qkv_prep(const gf_qkv &p, int t, bool q, bool k, gf_qkv_smem<EMAX> &m)
+/* block (t, head of H+K+K): q heads, then k, then v */
+__global__ void gf_qkv_kernel(gf_qkv p)
 {
-    int E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    /* First what no kernel ahead writes (gpu_eval copied the position and
+     * the page table before the pass): the cell, its page, RoPE's angles
+     * and the norm's weights, so that their loads and the sines overlap the
+     * kernel ahead instead of following it. */
+    gpu_grid_launch_dependents();
+    __shared__ float hv[1024], nwv[1024], co[512], si[512];
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
     const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
-    if (threadIdx.x == 0)
-        m.pg = p.kv.pages ? pt[cell / p.kv.P] : 0;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        if (q && p.q_norm)
-            m.nw[0][i] = p.q_norm[i];
-        if (k && p.k_norm)
-            m.nw[1][i] = p.k_norm[i];
+    float *x;
+    const float *b, *nw;
+    if (hd < p.H) {
+        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm;
+    } else if (hd < p.H + p.K) {
+        int h = hd - p.H;
+        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm;
+    } else {
+        int h = hd - p.H - p.K;
+        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
     }
-    if (q || k)
+    int pg = p.kv.pages && hd >= p.H ? pt[cell / p.kv.P] : 0;
+    if (nw)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            nwv[i] = nw[i];
+    if (hd < p.H + p.K)
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
             /* θ as the CPU forms it: position, times theta_scale i times in f32 */
             float theta = (float)cell;
@@ -1742,39 +1776,18 @@ static __device__ __forceinline__ void gf_qkv_prep(const gf_qkv &p, int t, bool 
                 theta = __fmul_rn(theta, p.theta_scale);
             float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
             th = __fmul_rn(p.freq_scale, th);
-            m.co[i] = cosf(th), m.si[i] = sinf(th);
+            co[i] = cosf(th), si[i] = sinf(th);
         }
-}
-
-/* Head hd (of H+K+K: q heads, then k, then v) of token t on this block,
- * after gf_qkv_prep (and a barrier): bias, the head's RMSNorm, RoPE, and
- * for k and v the cell. */
-template <int EMAX>
-static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, gf_qkv_smem<EMAX> &m)
-{
-    int E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
-    float *x, *hv = m.hv;
-    const float *b, *nw;
-    if (hd < p.H) {
-        x = p.q + ((size_t)t * p.H + hd) * E, b = p.bq ? p.bq + hd * E : NULL, nw = p.q_norm ? m.nw[0] : NULL;
-    } else if (hd < p.H + p.K) {
-        int h = hd - p.H;
-        x = p.k + ((size_t)t * p.K + h) * E, b = p.bk ? p.bk + h * E : NULL, nw = p.k_norm ? m.nw[1] : NULL;
-    } else {
-        int h = hd - p.H - p.K;
-        x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
-    }
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        float xi = gf_ld_l2(x + i);   /* (written by other blocks of gf_mvk_qkv_kernel: not from L1) */
-        hv[i] = b ? xi + b[i] : xi;
-    }
+    gpu_grid_wait();
+    for (int i = threadIdx.x; i < E; i += blockDim.x)
+        hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             x[i] = hv[i];
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, cell, m.pg, hd - p.H - p.K, 1, x);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
         return;
     }
     if (nw) {
@@ -1784,87 +1797,23 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
         s = gf_block_sum(s);
         float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
         for (int i = threadIdx.x; i < E; i += blockDim.x)
-            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nw[i]);
+            hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
-        x[i0] = fmaf(a, m.co[i], -__fmul_rn(c, m.si[i]));
-        x[i1] = fmaf(a, m.si[i], __fmul_rn(c, m.co[i]));
+        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
+        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
     for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, cell, m.pg, hd - p.H, 0, x);
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
     }
-}
-
-/* block (t, head of H+K+K) */
-__global__ void gf_qkv_kernel(gf_qkv p)
-{
-    gpu_grid_launch_dependents();
-    __shared__ gf_qkv_smem<1024> m;
-    int hd = blockIdx.y;
-    gf_qkv_prep(p, blockIdx.x, hd < p.H, hd >= p.H && hd < p.H + p.K, m);
-    gpu_grid_wait();
-    gf_qkv_head(p, blockIdx.x, hd, m);
-}
-
-/* One token's q, k and v (one sequence, T = 1) as one Q4_K product
- * (gf_mvk_kernel's body, heads of at most GF_QKV_FUSED_E whole tiles) and
- * gf_qkv_kernel's work in the same launch: when its rows are stored, each
- * block adds its tiles' rows to their heads' counts (count: H+K+K, zero
- * between steps), and the block that completes a head does that head's
- * bias, RMSNorm, RoPE and cell, then sets its count back to zero. The same
- * sums as the two kernels (the head's with 128-thread blocks), one
- * kernel boundary fewer a layer. */
-#define GF_QKV_FUSED_E 256
-/* gf_mvk_qkv_kernel's end: this block's tiles of RT rows counted, its heads done */
-static __device__ __forceinline__ void gf_qkv_heads_done(const gf_mv &p, const gf_qkv &h, int *count, int RT,
-                                                         gf_qkv_smem<GF_QKV_FUSED_E> &m)
-{
-    __shared__ int fin[GPU_WARP], nfin;
-    int total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
-    int mine = ((int)blockIdx.x < tiles ? tiles - blockIdx.x + gridDim.x - 1 : 0) / gridDim.x;
-    if ((int)threadIdx.x < RT)
-        __threadfence();   /* this block's rows (gf_slices_store's writers) show before its counts */
-    for (int i0 = 0; i0 < mine; i0 += GPU_WARP) {
-        __syncthreads();
-        if (threadIdx.x == 0)
-            nfin = 0;
-        __syncthreads();
-        int i = i0 + threadIdx.x;
-        if (threadIdx.x < GPU_WARP && i < mine) {
-            int r0 = (blockIdx.x + i * gridDim.x) * RT, n = min(RT, total - r0), hd = r0 / h.E;
-            if (atomicAdd(&count[hd], n) + n == h.E)
-                fin[atomicAdd(&nfin, 1)] = hd;
-        }
-        __syncthreads();
-        for (int j = 0; j < nfin; j++) {
-            __threadfence();   /* the other blocks' rows of the head, counted, now read */
-            gf_qkv_head(h, 0, fin[j], m);
-            if (threadIdx.x == 0)
-                count[fin[j]] = 0;
-            __syncthreads();
-        }
-    }
-}
-
-template <int UL>
-/* (with the heads' code in it, a bound of 512 threads had nvcc keep to 64
- * registers and spill; 128 is what the product needs for 4 blocks an SM) */
-__global__ void GPU_MAXNREG(128) gf_mvk_qkv_kernel(gf_mv p, gf_qkv h, int *count)
-{
-    __shared__ gf_qkv_smem<GF_QKV_FUSED_E> m;
-    gf_mvk_body<UL>(p, [&] {   /* the heads' weights and angles while the first rows load */
-        gf_qkv_prep(h, 0, true, true, m);
-        gf_pdl_begin();
-    });
-    gf_qkv_heads_done(p, h, count, GF_MVK_SUB * (2 / UL), m);
 }
 
 /* ==== MoE: routing, weighted sum ==== */
@@ -2052,7 +2001,6 @@ struct gpu_ctx {
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
     void *attn_scratch, *gemm_scratch;
-    int *heads;            /* gf_mvk_qkv_kernel's counts (H+K+K), zero between steps */
     size_t gemm_scratch_bytes;
     int B;                 /* the most sequences of a batch step: min(T, GF_DECODE_T) */
     int rows;              /* the pass in progress takes one sequence a row (gpu_eval_batch) */
@@ -2391,8 +2339,7 @@ static int gf_sms(void)
  * resident at once (*per_sm: how many an SM holds, asked once) over the
  * groups, at most a block a tile. (A failed query: one block a group; the
  * launch's own error check reports a broken device.) */
-template <class K>
-static dim3 gf_wave(K k, int threads, int smem, int *per_sm, int groups, int tiles)
+static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int tiles)
 {
     int sms = gf_sms(), b = 0;
     if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
@@ -2409,15 +2356,6 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
     dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
     gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
-}
-
-template <int UL>
-static void gf_mvk_qkv_launch(const gf_mv &p, const gf_qkv &h, int *count, int S, gpuStream_t s)
-{
-    int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
-    static int per_sm[GF_MVK_SMAX + 1];
-    dim3 grid = gf_wave(gf_mvk_qkv_kernel<UL>, threads, 0, &per_sm[S], 1, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_launch(gf_mvk_qkv_kernel<UL>, grid, threads, 0, s, p, h, count);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
@@ -2585,38 +2523,6 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
  * matrices of one type and width in one launch. */
-/* The matrix-vector launch of o[i] and of the products after it that share
- * its type and shape (marked done), into *p; returns its tokens a group. */
-static int gf_mv_of(const struct gpu_ctx *c, const struct gf_out *o, int n_out, int i, const float *af, int T,
-                    int accumulate, int *done, gf_mv *p)
-{
-    memset(p, 0, sizeof *p);
-    const struct gf_mat *w = o[i].w;
-    /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
-     * cores; else as one-row groups of the decode kernels where those beat
-     * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
-     * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
-     * 4 or 8); else 8-row blocks */
-    int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
-    int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
-    p->ldw = w->ldw, p->estride = w->stride, p->n = w->n;
-    p->aq = c->aq, p->ads = c->ads, p->bt = c->abt, p->af = af;
-    p->a_div = 1, p->a_g = nt, p->t_total = T, p->accumulate = accumulate;
-    for (int j = i; j < n_out; j++) {
-        const struct gf_mat *wj = o[j].w;
-        if (done[j] || wj->type != w->type || wj->n != w->n || wj->ldw != w->ldw)
-            continue;
-        int k = p->parts++;
-        p->w[k] = wj->d;
-        p->end[k] = (k ? p->end[k - 1] : 0) + wj->rows;
-        p->y[k] = o[j].y, p->y_t[k] = o[j].ldy, p->y_g[k] = (size_t)nt * o[j].ldy, p->bias[k] = o[j].bias;
-        done[j] = 1;
-    }
-    for (int k = p->parts; k < GF_PARTS; k++)
-        p->end[k] = p->end[p->parts - 1];
-    return nt;
-}
-
 static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, const float *af, int T,
                        int accumulate, char *err, size_t errlen)
 {
@@ -2643,11 +2549,34 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         if (done[i])
             continue;
         gf_mv p;
-        int nt = gf_mv_of(c, o, n_out, i, af, T, accumulate, done, &p);
+        memset(&p, 0, sizeof p);
+        const struct gf_mat *w = o[i].w;
+        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
+         * cores; else as one-row groups of the decode kernels where those beat
+         * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
+         * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
+         * 4 or 8); else 8-row blocks */
+        int groups = T <= GF_DECODE_T && (w->type == QT_Q4_K || T <= 2) && !gf_env("STRATA_GPU_MV_OLD");
+        int nt = T == 1 ? 1 : gf_mvq_takes(w->type, w->n, T) ? GF_MMA_T : groups ? 1 : GF_NT;
         if (c->abt && nt != GF_MMA_T)   /* (a writer's gf_act_bt over other products than these) */
             return strata_errf(err, errlen, "GPU: a %s product reads an activation laid out for batch products",
-                               gguf_type_name(o[i].w->type));
-        if (gf_mv_launch(o[i].w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
+                               gguf_type_name(w->type));
+        p.ldw = w->ldw, p.estride = w->stride, p.n = w->n;
+        p.aq = c->aq, p.ads = c->ads, p.bt = c->abt, p.af = af;
+        p.a_div = 1, p.a_g = nt, p.t_total = T, p.accumulate = accumulate;
+        for (int j = i; j < n_out; j++) {
+            const struct gf_mat *wj = o[j].w;
+            if (done[j] || wj->type != w->type || wj->n != w->n || wj->ldw != w->ldw)
+                continue;
+            int k = p.parts++;
+            p.w[k] = wj->d;
+            p.end[k] = (k ? p.end[k - 1] : 0) + wj->rows;
+            p.y[k] = o[j].y, p.y_t[k] = o[j].ldy, p.y_g[k] = (size_t)nt * o[j].ldy, p.bias[k] = o[j].bias;
+            done[j] = 1;
+        }
+        for (int k = p.parts; k < GF_PARTS; k++)
+            p.end[k] = p.end[p.parts - 1];
+        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
     return 0;
@@ -2801,9 +2730,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                             {&ly->wv, c->v, (size_t)KE, NULL}};
     c->abt = gf_act_bt(qkv, 3, T);
     if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
-               errlen))
+               errlen) ||
+        (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
-    gf_mark(c, GF_ST_NORM);
+    gf_mark(c, GF_ST_QKV);
     gf_qkv qp;
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL, qp.rope_freqs = c->g->rope_freqs;
@@ -2815,25 +2745,8 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
     qp.pt_stride = c->max_pages;
-    /* one token of one sequence whose q, k and v are one Q4_K product of
-     * whole tiles a head: the product and the heads' work in one kernel
-     * (STRATA_GPU_NO_QKV_FUSE=1: the two, for comparisons) */
-    int UL = 0, S = 0, done[3] = {0};
-    gf_mv p;
-    int fuse = T == 1 && !c->rows && !c->abt && E <= GF_QKV_FUSED_E && gf_mvk_takes(ly->wq.type, D, &UL, &S) &&
-               E % (GF_MVK_SUB * (2 / UL)) == 0 && (gf_mv_of(c, qkv, 3, 0, c->xn, T, 0, done, &p), p.parts == 3) &&
-               !gf_env("STRATA_GPU_NO_QKV_FUSE");
-    if (fuse) {
-        UL == 1 ? gf_mvk_qkv_launch<1>(p, qp, c->heads, S, s) : gf_mvk_qkv_launch<2>(p, qp, c->heads, S, s);
-        GF_LAUNCH_CHECK(err, errlen);
-        gf_mark(c, GF_ST_QKV);
-    } else {
-        if (gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen))
-            return -1;
-        gf_mark(c, GF_ST_QKV);
-        gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
     struct gf_out wo = {&ly->wo, c->x, (size_t)D, ly->bo};
@@ -2936,7 +2849,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->offs, c->xs, c->heads};
+                    c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -3041,10 +2954,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
-             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ||
-             gf_alloc((void **)&c->heads, (size_t)(hp->n_head + 2 * hp->n_head_kv) * sizeof(int), err, errlen) ? -1 : 0;
-        if (!rc && gpuMemset(c->heads, 0, (size_t)(hp->n_head + 2 * hp->n_head_kv) * sizeof(int)) != gpuSuccess)
-            rc = strata_errf(err, errlen, "gpuMemset failed");
+             gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
     }
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, gf_io_ints(c) * sizeof(int32_t));
@@ -3346,6 +3256,108 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     return med;
 }
 
+
+/* gf_chain_kernel's probe: the Qwen3-8B's one-slice Q4_K products of a
+ * layer (q/k/v, wo, gate+up: 80 MB), in two copies (more than L2 holds),
+ * reps layers: us[0] µs a layer as gf_mvk_kernel launches back to back,
+ * us[1] in one gf_chain_kernel launch; *differ: outputs of the two that
+ * differ (the same sums: 0). */
+int gpu_test_chain_us(int reps, double us[2], int *differ, char *err, size_t errlen)
+{
+#ifdef GPU_CUDA
+    enum { NP = 3, COPIES = 2, N = 4096 };
+    static const int rows[NP] = {6144, 4096, 24576};
+    size_t ldw = quant_row_bytes(QT_Q4_K, N), off[NP], set = 0, ys = 0;
+    for (int i = 0; i < NP; i++)
+        off[i] = set, set += gf_align(ldw * rows[i]), ys += rows[i];
+    reps = (reps + COPIES - 1) / COPIES * COPIES;
+    struct gpu_ctx c;
+    memset(&c, 0, sizeof c);
+    uint8_t *dw = NULL;
+    float *dx = NULL, *dy = NULL, *hy = NULL;
+    unsigned *count = NULL;
+    gpuEvent_t ev[2] = {NULL, NULL};
+    int rc = gf_alloc((void **)&dw, set * COPIES, err, errlen) || gf_alloc((void **)&dx, N * 4, err, errlen) ||
+             gf_alloc((void **)&dy, 2 * ys * 4, err, errlen) || gf_alloc((void **)&c.aq, N, err, errlen) ||
+             gf_alloc((void **)&c.ads, (N / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&count, 4, err, errlen) || gpuStreamCreate(&c.stream) != gpuSuccess ||
+             gpuEventCreate(&ev[0]) != gpuSuccess || gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
+    gf_chain ch;
+    memset(&ch, 0, sizeof ch);
+    if (!rc) {
+        gf_fill_kernel<<<1024, 256, 0, c.stream>>>((uint32_t *)dw, set * COPIES / 4, 7u);
+        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, N, 9u);
+        rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, N, 1, 0, NULL, c.aq, c.ads, err, errlen);
+        ch.n = NP * COPIES, ch.reps = reps / COPIES, ch.count = count;
+        for (int k = 0; k < COPIES; k++)
+            for (int i = 0, y0 = 0; i < NP; y0 += rows[i], i++) {
+                gf_mv &p = ch.p[k * NP + i];
+                p.w[0] = dw + set * k + off[i], p.parts = 1, p.ldw = ldw, p.n = N;
+                for (int j = 0; j < GF_PARTS; j++)
+                    p.end[j] = rows[i];
+                p.y[0] = dy + y0, p.y_t[0] = p.y_g[0] = (size_t)rows[i];
+                p.aq = c.aq, p.ads = c.ads, p.a_div = 1, p.a_g = 1, p.t_total = 1;
+            }
+    }
+    int per_sm = 0, sms = gf_sms();
+    if (!rc && (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gf_chain_kernel, GF_MVK_SUB * GPU_WARP, 0) !=
+                    gpuSuccess || per_sm < 1 || sms < 1))
+        rc = strata_errf(err, errlen, "chain probe: no occupancy");
+    for (int way = 0; way < 2 && !rc; way++) {
+        double ms[5];
+        for (int b = -1; b < 5 && !rc; b++) {
+            gf_spin_kernel<<<1, 1, 0, c.stream>>>(20000000LL);
+            rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
+            if (way == 0) {
+                for (int r = 0; r < ch.reps; r++)
+                    for (int i = 0; i < ch.n; i++)
+                        gf_mvk_launch<2>(ch.p[i], 1, 1, c.stream);
+            } else {
+                gf_chain cc = ch;
+                for (int i = 0; i < ch.n; i++)
+                    cc.p[i].y[0] += ys;   /* its own outputs, compared below */
+                void *args[] = {&cc};
+                rc = gpuMemsetAsync(count, 0, 4, c.stream) != gpuSuccess ||
+                     cudaLaunchCooperativeKernel((const void *)gf_chain_kernel, dim3(sms * per_sm),
+                                                 dim3(GF_MVK_SUB * GPU_WARP), args, 0, c.stream) != gpuSuccess;
+            }
+            float t = 0;
+            if (rc || gpuGetLastError() != gpuSuccess || gpuEventRecord(ev[1], c.stream) != gpuSuccess ||
+                gpuEventSynchronize(ev[1]) != gpuSuccess || gpuEventElapsedTime(&t, ev[0], ev[1]) != gpuSuccess)
+                rc = strata_errf(err, errlen, "chain probe: a timed batch failed");
+            else if (b >= 0)
+                ms[b] = t;
+        }
+        if (!rc) {
+            for (int i = 1; i < 5; i++)
+                for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+                    double t = ms[j];
+                    ms[j] = ms[j - 1], ms[j - 1] = t;
+                }
+            us[way] = 1000 * ms[2] / reps;
+        }
+    }
+    if (!rc && (hy = (float *)malloc(2 * ys * 4)) != NULL &&
+        gpuMemcpy(hy, dy, 2 * ys * 4, gpuMemcpyDeviceToHost) == gpuSuccess) {
+        *differ = 0;
+        for (size_t i = 0; i < ys; i++)
+            *differ += memcmp(&hy[i], &hy[ys + i], 4) != 0;
+    } else if (!rc)
+        rc = strata_errf(err, errlen, "chain probe: outputs not read back");
+    free(hy);
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            gpuEventDestroy(ev[i]);
+    if (c.stream)
+        gpuStreamDestroy(c.stream);
+    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
+    gpu_test_free(count);
+    return rc;
+#else
+    (void)reps, (void)us, (void)differ;
+    return strata_errf(err, errlen, "chain probe: CUDA only");
+#endif
+}
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen)

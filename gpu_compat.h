@@ -166,14 +166,6 @@ static __device__ __forceinline__ int gpu_dp4a_of(int a, int b, int c)
 #define gpu_dp4a_us(a, b, c) gpu_dp4a_of<uint8_t>(a, b, c)
 #endif
 
-/* A kernel of at most n registers a thread (CUDA 12.4+'s __maxnreg__; HIP:
- * the launch bound that leaves as many) */
-#ifdef GPU_CUDA
-#define GPU_MAXNREG(n) __maxnreg__(n)
-#else
-#define GPU_MAXNREG(n) __launch_bounds__(65536 / (n))
-#endif
-
 /* The lanes of one warp meet: shared-memory writes before it show to every
  * lane after it. */
 #ifdef GPU_CUDA
