@@ -850,11 +850,8 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-/* One product of the kernel below on this block; wait() stands between
- * the first round's weight loads and everything that reads another
- * kernel's (or phase's) output. */
-template <int UL, class W>
-static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
@@ -876,7 +873,7 @@ static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
     int tile = blockIdx.x;
     if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-    wait();
+    gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
     size_t eo = gf_group_off(p, g);
@@ -937,54 +934,6 @@ static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
-}
-
-template <int UL>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
-{
-    gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
-}
-
-/* ==== a probe: products back to back in one resident grid ====
- * gf_chain_kernel runs n products (one-slice Q4_K rows, UL = 2) of one
- * token one after the other in a single launch of gf_mvk_kernel's grid, a
- * grid-wide barrier between them instead of a kernel boundary; each
- * block's first round of the next product is loaded before the barrier.
- * gpu_test_chain_us times it against the same products as launches.
- * (Every block is resident at once: a cooperative launch.) */
-#define GF_CHAIN_MAX 6
-struct gf_chain {
-    gf_mv p[GF_CHAIN_MAX];
-    int n, reps;
-    unsigned *count;   /* zero before the launch: blocks arrived at barriers */
-};
-
-/* all blocks of the grid meet: the k-th barrier (k = 1, 2, ...) of the launch */
-static __device__ __forceinline__ void gf_grid_barrier(unsigned *count, unsigned k)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned target = k * gridDim.x * gridDim.y;
-        __threadfence();
-        atomicAdd(count, 1u);
-        while (*(volatile unsigned *)count < target)
-            ;
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-__global__ void __launch_bounds__(GF_MVK_SUB * GPU_WARP) gf_chain_kernel(gf_chain c)
-{
-    unsigned k = 0;
-    for (int r = 0; r < c.reps; r++)
-        for (int i = 0; i < c.n; i++) {
-            gf_mvk_body<2>(c.p[i], [&] {
-                if (k)
-                    gf_grid_barrier(c.count, k);
-                k++;
-            });
-        }
 }
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
@@ -3256,108 +3205,6 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     return med;
 }
 
-
-/* gf_chain_kernel's probe: the Qwen3-8B's one-slice Q4_K products of a
- * layer (q/k/v, wo, gate+up: 80 MB), in two copies (more than L2 holds),
- * reps layers: us[0] µs a layer as gf_mvk_kernel launches back to back,
- * us[1] in one gf_chain_kernel launch; *differ: outputs of the two that
- * differ (the same sums: 0). */
-int gpu_test_chain_us(int reps, double us[2], int *differ, char *err, size_t errlen)
-{
-#ifdef GPU_CUDA
-    enum { NP = 3, COPIES = 2, N = 4096 };
-    static const int rows[NP] = {6144, 4096, 24576};
-    size_t ldw = quant_row_bytes(QT_Q4_K, N), off[NP], set = 0, ys = 0;
-    for (int i = 0; i < NP; i++)
-        off[i] = set, set += gf_align(ldw * rows[i]), ys += rows[i];
-    reps = (reps + COPIES - 1) / COPIES * COPIES;
-    struct gpu_ctx c;
-    memset(&c, 0, sizeof c);
-    uint8_t *dw = NULL;
-    float *dx = NULL, *dy = NULL, *hy = NULL;
-    unsigned *count = NULL;
-    gpuEvent_t ev[2] = {NULL, NULL};
-    int rc = gf_alloc((void **)&dw, set * COPIES, err, errlen) || gf_alloc((void **)&dx, N * 4, err, errlen) ||
-             gf_alloc((void **)&dy, 2 * ys * 4, err, errlen) || gf_alloc((void **)&c.aq, N, err, errlen) ||
-             gf_alloc((void **)&c.ads, (N / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
-             gf_alloc((void **)&count, 4, err, errlen) || gpuStreamCreate(&c.stream) != gpuSuccess ||
-             gpuEventCreate(&ev[0]) != gpuSuccess || gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
-    gf_chain ch;
-    memset(&ch, 0, sizeof ch);
-    if (!rc) {
-        gf_fill_kernel<<<1024, 256, 0, c.stream>>>((uint32_t *)dw, set * COPIES / 4, 7u);
-        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, N, 9u);
-        rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, N, 1, 0, NULL, c.aq, c.ads, err, errlen);
-        ch.n = NP * COPIES, ch.reps = reps / COPIES, ch.count = count;
-        for (int k = 0; k < COPIES; k++)
-            for (int i = 0, y0 = 0; i < NP; y0 += rows[i], i++) {
-                gf_mv &p = ch.p[k * NP + i];
-                p.w[0] = dw + set * k + off[i], p.parts = 1, p.ldw = ldw, p.n = N;
-                for (int j = 0; j < GF_PARTS; j++)
-                    p.end[j] = rows[i];
-                p.y[0] = dy + y0, p.y_t[0] = p.y_g[0] = (size_t)rows[i];
-                p.aq = c.aq, p.ads = c.ads, p.a_div = 1, p.a_g = 1, p.t_total = 1;
-            }
-    }
-    int per_sm = 0, sms = gf_sms();
-    if (!rc && (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gf_chain_kernel, GF_MVK_SUB * GPU_WARP, 0) !=
-                    gpuSuccess || per_sm < 1 || sms < 1))
-        rc = strata_errf(err, errlen, "chain probe: no occupancy");
-    for (int way = 0; way < 2 && !rc; way++) {
-        double ms[5];
-        for (int b = -1; b < 5 && !rc; b++) {
-            gf_spin_kernel<<<1, 1, 0, c.stream>>>(20000000LL);
-            rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
-            if (way == 0) {
-                for (int r = 0; r < ch.reps; r++)
-                    for (int i = 0; i < ch.n; i++)
-                        gf_mvk_launch<2>(ch.p[i], 1, 1, c.stream);
-            } else {
-                gf_chain cc = ch;
-                for (int i = 0; i < ch.n; i++)
-                    cc.p[i].y[0] += ys;   /* its own outputs, compared below */
-                void *args[] = {&cc};
-                rc = gpuMemsetAsync(count, 0, 4, c.stream) != gpuSuccess ||
-                     cudaLaunchCooperativeKernel((const void *)gf_chain_kernel, dim3(sms * per_sm),
-                                                 dim3(GF_MVK_SUB * GPU_WARP), args, 0, c.stream) != gpuSuccess;
-            }
-            float t = 0;
-            if (rc || gpuGetLastError() != gpuSuccess || gpuEventRecord(ev[1], c.stream) != gpuSuccess ||
-                gpuEventSynchronize(ev[1]) != gpuSuccess || gpuEventElapsedTime(&t, ev[0], ev[1]) != gpuSuccess)
-                rc = strata_errf(err, errlen, "chain probe: a timed batch failed");
-            else if (b >= 0)
-                ms[b] = t;
-        }
-        if (!rc) {
-            for (int i = 1; i < 5; i++)
-                for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-                    double t = ms[j];
-                    ms[j] = ms[j - 1], ms[j - 1] = t;
-                }
-            us[way] = 1000 * ms[2] / reps;
-        }
-    }
-    if (!rc && (hy = (float *)malloc(2 * ys * 4)) != NULL &&
-        gpuMemcpy(hy, dy, 2 * ys * 4, gpuMemcpyDeviceToHost) == gpuSuccess) {
-        *differ = 0;
-        for (size_t i = 0; i < ys; i++)
-            *differ += memcmp(&hy[i], &hy[ys + i], 4) != 0;
-    } else if (!rc)
-        rc = strata_errf(err, errlen, "chain probe: outputs not read back");
-    free(hy);
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            gpuEventDestroy(ev[i]);
-    if (c.stream)
-        gpuStreamDestroy(c.stream);
-    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
-    gpu_test_free(count);
-    return rc;
-#else
-    (void)reps, (void)us, (void)differ;
-    return strata_errf(err, errlen, "chain probe: CUDA only");
-#endif
-}
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen)
