@@ -2303,11 +2303,8 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    static int xs = -1;
-    if (xs < 0)
-        xs = getenv("STRATA_X_MVK_SMEM") ? atoi(getenv("STRATA_X_MVK_SMEM")) : 0;
-    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, xs, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_launch(gf_mvk_kernel<UL>, grid, threads, xs, s, p);
+    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
+    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
