@@ -850,11 +850,8 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-/* One product of the kernel below on this block; wait() stands between
- * the first round's weight loads and everything that reads another
- * kernel's (or phase's) output. */
-template <int UL, class W>
-static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
+template <int UL>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
@@ -876,7 +873,7 @@ static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
     int tile = blockIdx.x;
     if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
-    wait();
+    gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
     size_t eo = gf_group_off(p, g);
@@ -938,146 +935,6 @@ static __device__ __forceinline__ void gf_mvk_body(const gf_mv &p, W wait)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
 }
-
-template <int UL>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
-{
-    gf_mvk_body<UL>(p, [] { gf_pdl_begin(); });
-}
-
-#ifdef GPU_CUDA
-/* ==== a probe: products back to back in one resident grid ====
- * gf_chain_kernel runs n products (one-slice Q4_K rows, UL = 2) of one
- * token one after the other in a single launch of gf_mvk_kernel's grid, a
- * grid-wide barrier between them instead of a kernel boundary; each
- * block's first round of the next product is loaded before the barrier.
- * gpu_test_chain_us times it against the same products as launches.
- * (Every block is resident at once: a cooperative launch.) */
-#define GF_CHAIN_MAX 6
-struct gf_chain {
-    gf_mv p[GF_CHAIN_MAX];
-    int n, reps;
-    unsigned *count;   /* zero before the launch: blocks arrived at barriers */
-};
-
-/* all blocks of the grid meet: the k-th barrier (k = 1, 2, ...) of the
- * launch: a release add and acquire loads, backing off 100 ns */
-static __device__ __forceinline__ void gf_grid_barrier(unsigned *count, unsigned k)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned target = k * gridDim.x * gridDim.y, v;
-        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(count), "r"(1u) : "memory");
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-            if (v >= target)
-                break;
-            __nanosleep(100);
-        }
-    }
-    __syncthreads();
-}
-
-/* rounds 0..NPRE-1 of product p (one part, 4096 wide: two units a lane) for
- * this block, copied into st: slot ((r·4 + warp)·6 + piece)·32 + lane */
-template <int NPRE>
-static __device__ __forceinline__ void gf_chain_pre(const gf_mv &p, int4 *st, const size_t (&uo)[2],
-                                                    const int (&ub)[2], int warp, int lane)
-{
-#if defined(GPU_CUDA) && __CUDA_ARCH__ >= 800
-    int total = p.end[0], tiles = (total + 3) / 4;
-    for (int r = 0; r < NPRE; r++) {
-        int tile = blockIdx.x + r * gridDim.x;
-        if (tile >= tiles)
-            break;
-        const uint8_t *w = p.w[0] + (size_t)min(tile * 4 + warp, total - 1) * p.ldw;
-        int4 *d = st + (r * 4 + warp) * 6 * GPU_WARP + lane;
-        for (int k = 0; k < 2; k++) {
-            const int4 *b4 = (const int4 *)(w + uo[k]);
-            const int4 *src[3] = {b4, b4 + 1 + 2 * (ub[k] & 3), b4 + 2 + 2 * (ub[k] & 3)};
-            for (int i = 0; i < 3; i++) {
-                unsigned dd = (unsigned)__cvta_generic_to_shared(d + (3 * k + i) * GPU_WARP);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dd), "l"(src[i]) : "memory");
-            }
-        }
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#else
-    (void)p, (void)st, (void)uo, (void)ub, (void)warp, (void)lane;
-#endif
-}
-
-/* The probe: c.n one-part, 4096-wide Q4_K products of one token (all of
- * the same activation), c.reps times, in one resident grid of 4-warp
- * blocks (gf_mvk_kernel's arithmetic, the same sums), a grid barrier
- * between them; with NPRE > 0 each block copies the next product's first
- * NPRE rounds into shared memory (12 KB a round) before the barrier. */
-template <int NPRE>
-__global__ void __launch_bounds__(4 * GPU_WARP) gf_chain_kernel(gf_chain c)
-{
-    extern __shared__ int4 st[];
-    __shared__ float part[2][1][4];
-    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, G = gridDim.x;
-    int ub[2];
-    size_t uo[2];
-    for (int k = 0; k < 2; k++)
-        ub[k] = k * GPU_WARP + lane, uo[k] = (size_t)(ub[k] >> 2) * 144;
-    if (NPRE)
-        gf_chain_pre<NPRE>(c.p[0], st, uo, ub, warp, lane);
-    unsigned bar = 0;
-    int round = 0;
-    for (int rep = 0; rep < c.reps; rep++)
-        for (int i = 0; i < c.n; i++) {
-            const gf_mv &p = c.p[i];
-            int total = p.end[0], tiles = (total + 3) / 4, tile = blockIdx.x;
-            if (bar)
-                gf_grid_barrier(c.count, bar);
-            bar++;
-            /* the activation read after the barrier, as a chain of real layers would (here all the same) */
-            int4 xa[2][4];
-            gf_ads xs[2][2];
-            const int4 *aq = (const int4 *)p.aq;
-            for (int k = 0; k < 2; k++) {
-                for (int j = 0; j < 4; j++)
-                    xa[k][j] = __ldcg(aq + 4 * ub[k] + j);
-                xs[k][0] = __ldcg(p.ads + 2 * ub[k]), xs[k][1] = __ldcg(p.ads + 2 * ub[k] + 1);
-            }
-#if defined(GPU_CUDA) && __CUDA_ARCH__ >= 800
-            if (NPRE)
-                asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-            int4 wh[1][2], wq[1][2][2], nh[1][2], nq[1][2][2];
-            for (int r = 0; tile < tiles; r++, tile += G) {
-                if (r == 0 && NPRE == 0)
-                    gf_mvk_fetch<2, 1>(p, tile * 4 + warp, total, uo, ub, wh, wq);
-                if (r < NPRE) {
-                    const int4 *sv = st + (r * 4 + warp) * 6 * GPU_WARP + lane;
-                    for (int k = 0; k < 2; k++)
-                        wh[0][k] = sv[(3 * k) * GPU_WARP], wq[0][k][0] = sv[(3 * k + 1) * GPU_WARP],
-                        wq[0][k][1] = sv[(3 * k + 2) * GPU_WARP];
-                }
-                if (r + 1 >= NPRE && tile + G < tiles)
-                    gf_mvk_fetch<2, 1>(p, (tile + G) * 4 + warp, total, uo, ub, nh, nq);
-                float acc = 0.0f;
-                for (int k = 0; k < 2; k++)
-                    acc += gf_q4k_pair(wh[0][k], wq[0][k], xa[k], xs[k], lane & 3);
-                float sum = warp_sum(acc);
-                if (lane == 0)
-                    part[round & 1][0][warp] = sum;
-                __syncthreads();
-                gf_slices_store(p, part[round & 1], 1, 0, tile * 4, total, 0.0f);
-                round++;
-                if (r + 1 >= NPRE)
-                    for (int k = 0; k < 2; k++)
-                        wh[0][k] = nh[0][k], wq[0][k][0] = nq[0][k][0], wq[0][k][1] = nq[0][k][1];
-            }
-            bool last = rep == c.reps - 1 && i == c.n - 1;
-            if (NPRE && !last)
-                gf_chain_pre<NPRE>(c.p[(i + 1) % c.n], st, uo, ub, warp, lane);
-        }
-}
-
-#endif
 
 /* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
  * Q6_K's 210-byte and Q8_0's 34-byte blocks leave a unit's bytes 2-aligned,
@@ -3348,113 +3205,6 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     return med;
 }
 
-
-/* gf_chain_kernel's probe: the Qwen3-8B's one-slice Q4_K products of a
- * layer (q/k/v, wo, gate+up: 80 MB), in two copies (more than L2 holds),
- * reps layers: us[0] µs a layer as gf_mvk_kernel launches back to back,
- * us[1] in one gf_chain_kernel launch; *differ: outputs of the two that
- * differ (the same sums: 0). */
-int gpu_test_chain_us(int reps, double us[3], int *differ, char *err, size_t errlen)
-{
-#ifdef GPU_CUDA
-    enum { NP = 3, COPIES = 2, N = 4096 };
-    static const int rows[NP] = {6144, 4096, 24576};
-    size_t ldw = quant_row_bytes(QT_Q4_K, N), off[NP], set = 0, ys = 0;
-    for (int i = 0; i < NP; i++)
-        off[i] = set, set += gf_align(ldw * rows[i]), ys += rows[i];
-    reps = (reps + COPIES - 1) / COPIES * COPIES;
-    struct gpu_ctx c;
-    memset(&c, 0, sizeof c);
-    uint8_t *dw = NULL;
-    float *dx = NULL, *dy = NULL, *hy = NULL;
-    unsigned *count = NULL;
-    gpuEvent_t ev[2] = {NULL, NULL};
-    int rc = gf_alloc((void **)&dw, set * COPIES, err, errlen) || gf_alloc((void **)&dx, N * 4, err, errlen) ||
-             gf_alloc((void **)&dy, 2 * ys * 4, err, errlen) || gf_alloc((void **)&c.aq, N, err, errlen) ||
-             gf_alloc((void **)&c.ads, (N / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
-             gf_alloc((void **)&count, 4, err, errlen) || gpuStreamCreate(&c.stream) != gpuSuccess ||
-             gpuEventCreate(&ev[0]) != gpuSuccess || gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
-    gf_chain ch;
-    memset(&ch, 0, sizeof ch);
-    if (!rc) {
-        gf_fill_kernel<<<1024, 256, 0, c.stream>>>((uint32_t *)dw, set * COPIES / 4, 7u);
-        gf_fill_kernel<<<64, 256, 0, c.stream>>>((uint32_t *)dx, N, 9u);
-        rc = gf_act(c.stream, GF_ACT_NORM, dx, NULL, dx, 1e-6f, N, 1, 0, NULL, c.aq, c.ads, err, errlen);
-        ch.n = NP * COPIES, ch.reps = reps / COPIES, ch.count = count;
-        for (int k = 0; k < COPIES; k++)
-            for (int i = 0, y0 = 0; i < NP; y0 += rows[i], i++) {
-                gf_mv &p = ch.p[k * NP + i];
-                p.w[0] = dw + set * k + off[i], p.parts = 1, p.ldw = ldw, p.n = N;
-                for (int j = 0; j < GF_PARTS; j++)
-                    p.end[j] = rows[i];
-                p.y[0] = dy + y0, p.y_t[0] = p.y_g[0] = (size_t)rows[i];
-                p.aq = c.aq, p.ads = c.ads, p.a_div = 1, p.a_g = 1, p.t_total = 1;
-            }
-    }
-    int sms = gf_sms();
-    for (int way = 0; way < 3 && !rc; way++) {
-        void (*k)(gf_chain) = way == 2 ? gf_chain_kernel<4> : gf_chain_kernel<1>;
-        int smem = (way == 2 ? 4 : 1) * 4 * 6 * GPU_WARP * 16, per_sm = 0;
-        if (way && ((smem > 48 * 1024 && gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) != gpuSuccess) ||
-                    gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 4 * GPU_WARP, smem) != gpuSuccess ||
-                    per_sm < 1 || sms < 1)) {
-            rc = strata_errf(err, errlen, "chain probe: no occupancy");
-            break;
-        }
-        double ms[5];
-        for (int b = -1; b < 5 && !rc; b++) {
-            gf_spin_kernel<<<1, 1, 0, c.stream>>>(20000000LL);
-            rc = gpuEventRecord(ev[0], c.stream) != gpuSuccess;
-            if (way == 0) {
-                for (int r = 0; r < ch.reps; r++)
-                    for (int i = 0; i < ch.n; i++)
-                        gf_mvk_launch<2>(ch.p[i], 1, 1, c.stream);
-            } else {
-                gf_chain cc = ch;
-                for (int i = 0; i < ch.n; i++)
-                    cc.p[i].y[0] += ys;   /* its own outputs, compared below */
-                void *args[] = {&cc};
-                rc = gpuMemsetAsync(count, 0, 4, c.stream) != gpuSuccess ||
-                     cudaLaunchCooperativeKernel((const void *)k, dim3(sms * per_sm), dim3(4 * GPU_WARP), args,
-                                                 smem, c.stream) != gpuSuccess;
-            }
-            float t = 0;
-            if (rc || gpuGetLastError() != gpuSuccess || gpuEventRecord(ev[1], c.stream) != gpuSuccess ||
-                gpuEventSynchronize(ev[1]) != gpuSuccess || gpuEventElapsedTime(&t, ev[0], ev[1]) != gpuSuccess)
-                rc = strata_errf(err, errlen, "chain probe: a timed batch failed");
-            else if (b >= 0)
-                ms[b] = t;
-        }
-        if (!rc) {
-            for (int i = 1; i < 5; i++)
-                for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-                    double t = ms[j];
-                    ms[j] = ms[j - 1], ms[j - 1] = t;
-                }
-            us[way] = 1000 * ms[2] / reps;
-        }
-    }
-    if (!rc && (hy = (float *)malloc(2 * ys * 4)) != NULL &&
-        gpuMemcpy(hy, dy, 2 * ys * 4, gpuMemcpyDeviceToHost) == gpuSuccess) {
-        *differ = 0;
-        for (size_t i = 0; i < ys; i++)
-            *differ += memcmp(&hy[i], &hy[ys + i], 4) != 0;
-    } else if (!rc)
-        rc = strata_errf(err, errlen, "chain probe: outputs not read back");
-    free(hy);
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            gpuEventDestroy(ev[i]);
-    if (c.stream)
-        gpuStreamDestroy(c.stream);
-    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
-    gpu_test_free(count);
-    return rc;
-#else
-    (void)reps, (void)us, (void)differ;
-    return strata_errf(err, errlen, "chain probe: CUDA only");
-#endif
-}
 
 int gpu_test_profile(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, char *out, size_t cap,
                      char *err, size_t errlen)

@@ -169,12 +169,6 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
  * median of 5 batches of reps calls queued back to back, the weights
  * rotated through copies larger than L2 (< 0: error). */
 double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, size_t errlen);
-/* A probe for a persistent decode kernel: the Qwen3-8B's one-slice Q4_K
- * products of a layer as launches (us[0], µs a layer) and in one resident
- * grid with barriers between them (us[1]; us[2] with the next product's
- * first 4 rounds copied to shared memory before each); *differ: outputs that
- * differ (0 or an error). */
-int gpu_test_chain_us(int reps, double us[3], int *differ, char *err, size_t errlen);
 /* One pass over the n tokens at cells pos .. pos + n - 1 (the sequence's
  * last; n = 1: a decode step) run without the graph after a pause that lets
  * every launch queue up, with an event after each stage: out gets "step N

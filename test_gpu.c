@@ -780,22 +780,6 @@ static void tg_bench_mv(void)
     unsetenv("STRATA_GPU_MV_OLD");
 }
 
-/* STRATA_GPU_BENCH=chain: gpu_test_chain_us */
-static void tg_bench_chain(void)
-{
-    if (!test_begin_gpu("gpu/mv/chain one layer's products as launches and in one resident grid"))
-        return;
-    char err[256];
-    double us[3];
-    int differ = -1;
-    if (CHECK(gpu_test_chain_us(72, us, &differ, err, sizeof err) == 0, "%s", err)) {
-        printf("  8b q/k/v + wo + gate+up (80.2 MB): launches %.1f us a layer (%.2f TB/s), one grid staging 1 round ahead %.1f us (%.2f "
-               "TB/s), 4 rounds ahead %.1f us (%.2f TB/s); outputs differing %d\n",
-               us[0], 80.2e6 / us[0] / 1e6, us[1], 80.2e6 / us[1] / 1e6, us[2], 80.2e6 / us[2] / 1e6, differ);
-        CHECK(differ == 0, "%d outputs differ", differ);
-    }
-}
-
 /* set: extra synth arguments ("--set", "n_layer=12") or NULL */
 static void tg_bench_one(const char *shape, const char *type, const char *set)
 {
@@ -909,8 +893,6 @@ void test_gpu(void)
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
-    else if (bench && strcmp(bench, "chain") == 0)
-        tg_bench_chain();
     else if (bench && *bench && strcmp(bench, "0") != 0) {
         tg_bench_one("qwen3-8b", "Q4_K", NULL);
         if (strcmp(bench, "moe") == 0) /* 12 of the 48 layers: the full file (17 GB) takes minutes to write */
