@@ -385,6 +385,141 @@ struct gf_bf16 {
     }
 };
 
+/* Q2_K: 16 sub-blocks of 16, sub-block s = 8n + 2j + h (elements 128n +
+ * 32j + 16h + l) in bits 2j of qs byte 32n + 16h + l, with a 4-bit scale
+ * and min in byte s. Unit u = 2n + h takes the four planes j of the same 16
+ * bytes of qs: four half activation blocks, so the Σ of their codes comes
+ * from a dp4a each (the activation's z is a whole block's). */
+struct gf_q2_K {
+    enum { BLK = 256, BYTES = 84, UNITS = 4, FLOAT = 0 };
+    float dl[4], ml[4];
+    int q[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int n = unit >> 1, h = unit & 1;
+        float d = gf_h2f(gf_ld16(bx + 80)), dmin = gf_h2f(gf_ld16(bx + 82));
+        for (int i = 0; i < 4; i++)
+            q[i] = *(const int *)(bx + 16 + 32 * n + 16 * h + 4 * i);
+        for (int j = 0; j < 4; j++) {
+            int sc = bx[8 * n + 2 * j + h];
+            dl[j] = d * (float)(sc & 15), ml[j] = dmin * (float)(sc >> 4);
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int n = u >> 1, h = u & 1;
+        float r = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            const int4 a = *(const int4 *)(aq + 128 * n + 32 * j + 16 * h);
+            const int av[4] = {a.x, a.y, a.z, a.w};
+            int s = 0, sq = 0;
+            for (int i = 0; i < 4; i++) {
+                s = gpu_dp4a((q[i] >> (2 * j)) & 0x03030303, av[i], s);
+                sq = gpu_dp4a(0x01010101, av[i], sq);
+            }
+            r += ads[4 * n + j].x * (dl[j] * (float)s - ml[j] * (float)sq);
+        }
+        return r;
+    }
+};
+
+/* Q3_K: as Q2_K's planes, each code's third bit (level + 4) in bit 4n + j
+ * of hmask byte 16h + l, and signed 6-bit scales: the low nibble of byte
+ * s % 8 (its high one for s >= 8), the top two bits from byte 8 + s % 4. */
+struct gf_q3_K {
+    enum { BLK = 256, BYTES = 110, UNITS = 4, FLOAT = 0 };
+    float dl[4];
+    int q[4], hm[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int n = unit >> 1, h = unit & 1;
+        float d = gf_h2f(gf_ld16(bx + 108));
+        for (int i = 0; i < 4; i++) {
+            q[i] = gf_ld32h(bx + 32 + 32 * n + 16 * h + 4 * i);
+            hm[i] = gf_ld32h(bx + 16 * h + 4 * i);
+        }
+        const uint8_t *sc = bx + 96;
+        for (int j = 0; j < 4; j++) {
+            int s = 8 * n + 2 * j + h, lo = (sc[s & 7] >> (4 * n)) & 15, hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+            dl[j] = d * (float)((lo | hi << 4) - 32);
+        }
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int n = u >> 1, h = u & 1;
+        float r = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            const int4 a = *(const int4 *)(aq + 128 * n + 32 * j + 16 * h);
+            const int av[4] = {a.x, a.y, a.z, a.w};
+            int s = 0, sq = 0;
+            for (int i = 0; i < 4; i++) {
+                int v = ((q[i] >> (2 * j)) & 0x03030303) | (((hm[i] >> (4 * n + j)) & 0x01010101) << 2);
+                s = gpu_dp4a(v, av[i], s);
+                sq = gpu_dp4a(0x01010101, av[i], sq);
+            }
+            r += ads[4 * n + j].x * dl[j] * (float)(s - 4 * sq);
+        }
+        return r;
+    }
+};
+
+/* four IQ4 codes (the low nibbles of v's bytes) as the grid's signed values
+ * (quant.c's kvalues_iq4nl), packed: entries 0..7 and 8..15 each picked by a
+ * byte permute, then chosen by the code's top bit */
+static __device__ __forceinline__ int gf_iq4_vals(unsigned v)
+{
+    unsigned sel = (v & 7) | (v >> 4 & 0x70) | (v >> 8 & 0x700) | (v >> 12 & 0x7000);
+    unsigned lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel), hi = __byte_perm(0x26190D01u, 0x71594535u, sel);
+    unsigned m = (v >> 3 & 0x01010101u) * 0xFFu;
+    return (int)((lo & ~m) | (hi & m));
+}
+
+/* IQ4 codes of 32 elements (16 bytes at q: element l low nibble of byte l,
+ * 16 + l the high one) as gf_dot32's lo and hi */
+static __device__ __forceinline__ void gf_iq4_unit(const int (&q)[4], int (&lo)[4], int (&hi)[4])
+{
+    for (int i = 0; i < 4; i++) {
+        lo[i] = gf_iq4_vals((unsigned)q[i] & 0x0F0F0F0Fu);
+        hi[i] = gf_iq4_vals((unsigned)q[i] >> 4 & 0x0F0F0F0Fu);
+    }
+}
+
+/* IQ4_NL: Q4_0's layout, the codes through the grid */
+struct gf_iq4_nl {
+    enum { BLK = 32, BYTES = 18, UNITS = 1, FLOAT = 0 };
+    float d;
+    int lo[4], hi[4];
+    __device__ void load(const uint8_t *bx, int) {
+        d = gf_h2f(gf_ld16(bx));
+        int q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = gf_ld32h(bx + 2 + 4 * i);
+        gf_iq4_unit(q, lo, hi);
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        return d * ads[0].x * (float)gf_dot32(lo, hi, aq);
+    }
+};
+
+/* IQ4_XS: 8 sub-blocks of 32 (a unit each), 16 bytes of codes at 8 + 16u,
+ * a 6-bit scale (low nibble u % 2 of byte 4 + u/2, top bits 2u of the u16
+ * at 2) */
+struct gf_iq4_xs {
+    enum { BLK = 256, BYTES = 136, UNITS = 8, FLOAT = 0 };
+    float dl;
+    int lo[4], hi[4], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        int ls = ((bx[4 + unit / 2] >> (4 * (unit & 1))) & 15) | ((gf_ld16(bx + 2) >> (2 * unit)) & 3) << 4;
+        dl = gf_h2f(gf_ld16(bx)) * (float)(ls - 32);
+        int q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = *(const int *)(bx + 8 + 16 * unit + 4 * i);
+        gf_iq4_unit(q, lo, hi);
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        return dl * ads[u].x * (float)gf_dot32(lo, hi, aq + 32 * u);
+    }
+};
+
 /* ==== the matrix-vector kernel ==== */
 
 /* y = W · a for groups of activation rows: group g (blockIdx.y) multiplies
@@ -1520,70 +1655,19 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const fl
         router[e] = sum;
 }
 
-/* ==== embeddings: one element of a row of any supported type ==== */
-
-static __device__ float gf_deq(int type, const uint8_t *row, int k)
-{
-    switch (type) {
-    case QT_F32: return ((const float *)row)[k];
-    case QT_F16: return gf_h2f(((const uint16_t *)row)[k]);
-    case QT_BF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[k] << 16);
-    case QT_Q4_0: {
-        const uint8_t *b = row + (k / 32) * 18;
-        int j = k % 32, qv = j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4;
-        return (qv - 8) * gf_h2f(gf_ld16(b));
-    }
-    case QT_Q4_1: {
-        const uint8_t *b = row + (k / 32) * 20;
-        int j = k % 32, qv = j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4;
-        return qv * gf_h2f(gf_ld16(b)) + gf_h2f(gf_ld16(b + 2));
-    }
-    case QT_Q5_0: {
-        const uint8_t *b = row + (k / 32) * 22;
-        int j = k % 32, qv = j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4;
-        uint32_t h = (uint32_t)gf_ld32h(b + 2);
-        return (int)((qv | ((h >> j) & 1) << 4) - 16) * gf_h2f(gf_ld16(b));
-    }
-    case QT_Q5_1: {
-        const uint8_t *b = row + (k / 32) * 24;
-        int j = k % 32, qv = j < 16 ? b[8 + j] & 15 : b[8 + j - 16] >> 4;
-        uint32_t h = *(const uint32_t *)(b + 4);
-        return (int)(qv | ((h >> j) & 1) << 4) * gf_h2f(gf_ld16(b)) + gf_h2f(gf_ld16(b + 2));
-    }
-    case QT_Q8_0: {
-        const uint8_t *b = row + (k / 32) * 34;
-        return (int8_t)b[2 + k % 32] * gf_h2f(gf_ld16(b));
-    }
-    case QT_Q4_K:
-    case QT_Q5_K: {
-        int q5 = type == QT_Q5_K;
-        const uint8_t *b = row + (k / 256) * (q5 ? 176 : 144);
-        int e = k % 256, p = e / 64, l = e % 32, hi = (e / 32) & 1, s = e / 32, sc, m;
-        const uint8_t *qs = b + (q5 ? 48 : 16);
-        int u = hi ? qs[32 * p + l] >> 4 : qs[32 * p + l] & 15;
-        if (q5)
-            u |= ((b[16 + l] >> s) & 1) << 4;
-        gf_k4_scale_min(s, b + 4, &sc, &m);
-        return gf_h2f(gf_ld16(b)) * sc * u - gf_h2f(gf_ld16(b + 2)) * m;
-    }
-    case QT_Q6_K: {
-        const uint8_t *b = row + (k / 256) * 210;
-        int e = k % 256, h = e / 128, j = (e % 128) / 32, l = e % 32;
-        int ql = b[64 * h + l + 32 * (j & 1)], qh = b[128 + 32 * h + l];
-        int u = ((j < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * j)) & 3) << 4) - 32;
-        return gf_h2f(gf_ld16(b + 208)) * ((const int8_t *)(b + 192))[e / 16] * u;
-    }
-    }
-    return 0.0f;
-}
+/* ==== embeddings: a row of any supported type, 16 elements a thread at a time ==== */
 
 __global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, const int32_t *tokens, float *x)
 {
     gf_pdl_begin();
     int t = blockIdx.x;
     const uint8_t *row = w + (size_t)tokens[t] * ldw;
-    for (int k = threadIdx.x; k < D; k += blockDim.x)
-        x[(size_t)t * D + k] = gf_deq(type, row, k);
+    for (int i = threadIdx.x; i < D / 16; i += blockDim.x) {   /* (gpu_model_new: D % 16 == 0) */
+        float v[16];
+        gq_dequant16(type, row, i, v);
+        for (int k = 0; k < 16; k++)
+            x[(size_t)t * D + 16 * i + k] = v[k];
+    }
 }
 
 /* ==== KV rows into the page cells (gpu_kv_store) ==== */
@@ -1996,7 +2080,8 @@ static int gf_supported(int type)
 {
     switch (type) {
     case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1:
-    case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K:
+    case QT_Q8_0: case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_NL:
+    case QT_IQ4_XS:
         return 1;
     }
     return 0;
@@ -2118,9 +2203,10 @@ int gpu_model_new(struct gpu_model **out, const struct model *m, char *err, size
     struct model_weights w;
     model_weights(m, &w);
     int D = hp->n_embd, HE = hp->n_head * hp->head_dim, KE = hp->n_head_kv * hp->head_dim, X = hp->n_expert;
-    if (hp->head_dim > 1024 || hp->n_expert_used > 64 || hp->n_expert > 8192)
-        return strata_errf(err, errlen, "model shape (head dim %d, %d of %d experts) not supported on the GPU",
-                           hp->head_dim, hp->n_expert_used, hp->n_expert);
+    if (hp->head_dim > 1024 || hp->n_expert_used > 64 || hp->n_expert > 8192 || D % 16)
+        return strata_errf(err, errlen,
+                           "model shape (n_embd %d, head dim %d, %d of %d experts) not supported on the GPU "
+                           "(use --device cpu)", D, hp->head_dim, hp->n_expert_used, hp->n_expert);
     if (gf_mat_check(&w.tok_embd, "token_embd", err, errlen) || gf_mat_check(&w.output, "output", err, errlen))
         return -1;
     size_t total = gf_align(gf_mat_bytes(&w.tok_embd, 0)) + 5 * gf_align((size_t)hp->n_vocab * 4) +
@@ -2421,6 +2507,10 @@ static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_
     case QT_Q4_K: gf_mv_launch_t<gf_q4_K>(p, groups, nt, s); break;
     case QT_Q5_K: gf_mv_launch_t<gf_q5_K>(p, groups, nt, s); break;
     case QT_Q6_K: gf_mv_launch_t<gf_q6_K>(p, groups, nt, s); break;
+    case QT_Q2_K: gf_mv_launch_t<gf_q2_K>(p, groups, nt, s); break;
+    case QT_Q3_K: gf_mv_launch_t<gf_q3_K>(p, groups, nt, s); break;
+    case QT_IQ4_NL: gf_mv_launch_t<gf_iq4_nl>(p, groups, nt, s); break;
+    case QT_IQ4_XS: gf_mv_launch_t<gf_iq4_xs>(p, groups, nt, s); break;
     default:
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
                            gguf_type_name(type));
@@ -2572,7 +2662,7 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     p.y[0] = c->x, p.y_g[0] = (size_t)c->g->hp.n_embd;
     p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
     p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
-    p.aq = c->aq, p.ads = c->ads, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
+    p.aq = c->aq, p.ads = c->ads, p.af = c->gt, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 

@@ -861,10 +861,40 @@ done:
     model_free(m);
 }
 
+/* The formats that only the generic decode kernels take (gpu.cu's units
+ * gf_q2_K, gf_q3_K, gf_iq4_nl, gf_iq4_xs) through a whole small qwen3 in each
+ * (embedding rows, every product, the head): a 12-token prompt through the
+ * decode kernels with T = 12, a 48-token one through gpu_gemm, then
+ * one-token steps; and a qwen3moe with F16 experts, whose decode step takes
+ * the float path of the experts side by side. */
+static void tg_formats(void)
+{
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL and IQ4_XS models, F16 "
+                        "experts (bound: 1.5x CPU vs f32ref + 0.05)"))
+        return;
+    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        char err[256], path[64], label[64];
+        snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
+        snprintf(label, sizeof label, "qwen3-synth-%s", types[i]);
+        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=2", "--set",
+                        "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=768",
+                        "--set", "n_vocab=2000", "--type", (char *)types[i], "-o", path};
+        if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
+            continue;
+        tg_random_model(label, path, 12);
+        tg_random_model(label, path, 48);
+        remove(path);
+    }
+    const char *path = tg_moe_model("F16", "n_embd=256");
+    if (path)
+        remove(path);
+}
+
 void test_gpu(void)
 {
     static const int types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
-                                QT_Q4_K, QT_Q5_K, QT_Q6_K};
+                                QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
     /* rows of several chunks of the decode kernels (161 blocks of 32 start
      * rows off 16-byte boundaries); K-quants also at the widths that take
      * one, two and three column slices of the Q4_K kernel. 67 rows take the
@@ -890,6 +920,7 @@ void test_gpu(void)
     tg_testdata("tiny-qwen3-Q4_K_M.gguf");
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
+    tg_formats();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
