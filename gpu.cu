@@ -1071,10 +1071,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     }
 }
 
-/* ==== the Q6_K and Q8_0 decode kernel: staged rows, the activation in registers ====
- * Q6_K's 210-byte and Q8_0's 34-byte blocks leave a unit's bytes 2-aligned,
- * so their rows cannot be loaded into registers unit by unit as
- * gf_mvk_kernel loads Q4_K's. Here a warp loads its row's slice with
+/* ==== the decode kernel of the other formats: staged rows, the activation in registers ====
+ * Q6_K's 210-byte and Q8_0's 34-byte blocks (Q3_K's 110, IQ4_NL's 18) leave
+ * a unit's bytes 2-aligned, so their rows cannot be loaded into registers
+ * unit by unit as gf_mvk_kernel loads Q4_K's. Here a warp loads its row's slice with
  * aligned 16-byte loads (a round ahead, as gf_mvk_kernel's), stages it in
  * its own shared memory, and each lane decodes its units from there
  * against the activation it holds in registers for the whole kernel:
@@ -1135,8 +1135,120 @@ struct gf_mvs_q8_0 {
     }
 };
 
-template <class F> struct gf_mvs_of { typedef gf_mvs_q8_0 G; };
-template <> struct gf_mvs_of<gf_q6_K> { typedef gf_mvs_q6_K G; };
+/* Q2_K and Q3_K: Q6_K's units (gf_q2_K's: the four planes of 16 bytes of
+ * qs, half h = u % 2 of the half n = u % 4 / 2), the sums of the pieces'
+ * codes for Q2_K's mins and Q3_K's offset of 4 */
+struct gf_mvs_q2_K {
+    enum { SB = 84, UPS = 4 };
+    static __device__ int col(int u, int i) { return gf_mvs_q6_K::col(u, i); }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&xs)[4])
+    {
+        int n = u % 4 / 2, h = u % 2, q[4];
+        for (int w = 0; w < 4; w++)
+            q[w] = *(const int *)(b + 16 + 32 * n + 16 * h + 4 * w);
+        float d = gf_h2f(gf_ld16(b + 80)), dmin = gf_h2f(gf_ld16(b + 82)), sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int *x = (const int *)&xa[i];
+            int s = 0;
+            for (int w = 0; w < 4; w++)
+                s = gpu_dp4a((q[w] >> (2 * i)) & 0x03030303, x[w], s);
+            int sc = b[8 * n + 2 * i + h];
+            sum += xd[i] * (d * (float)(sc & 15) * (float)s - dmin * (float)(sc >> 4) * (float)xs[i]);
+        }
+        return sum;
+    }
+};
+
+struct gf_mvs_q3_K {
+    enum { SB = 110, UPS = 4 };
+    static __device__ int col(int u, int i) { return gf_mvs_q6_K::col(u, i); }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&xs)[4])
+    {
+        int n = u % 4 / 2, h = u % 2, q[4], hm[4];
+        for (int w = 0; w < 4; w++) {
+            q[w] = gf_ld32h(b + 32 + 32 * n + 16 * h + 4 * w);
+            hm[w] = gf_ld32h(b + 16 * h + 4 * w);
+        }
+        float d = gf_h2f(gf_ld16(b + 108)), sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int *x = (const int *)&xa[i];
+            int s = 0;
+            for (int w = 0; w < 4; w++)
+                s = gpu_dp4a(((q[w] >> (2 * i)) & 0x03030303) | (((hm[w] >> (4 * n + i)) & 0x01010101) << 2), x[w],
+                             s);
+            int k = 8 * n + 2 * i + h, lo = (b[96 + (k & 7)] >> (4 * n)) & 15;
+            int hi = (b[104 + (k & 3)] >> (2 * (k >> 2))) & 3;
+            sum += xd[i] * d * (float)((lo | hi << 4) - 32) * (float)(s - 4 * xs[i]);
+        }
+        return sum;
+    }
+};
+
+/* IQ4_XS and IQ4_NL: unit u is 64 columns from 64u (Q8_0's), two
+ * sub-blocks of 32, each a piece of low nibbles and one of high ones.
+ * gf_iq4_dot: a sub-block's Σ value·code, its 16 bytes of codes in q, the
+ * activation's pieces of its low and high nibbles in al and ah. */
+static __device__ __forceinline__ int gf_iq4_dot(const int (&q)[4], const int4 &al, const int4 &ah)
+{
+    int lo[4], hi[4];
+    gf_iq4_unit(q, lo, hi);
+    const int a0[4] = {al.x, al.y, al.z, al.w}, a1[4] = {ah.x, ah.y, ah.z, ah.w};
+    int s = 0;
+    for (int w = 0; w < 4; w++)
+        s = gpu_dp4a(hi[w], a1[w], gpu_dp4a(lo[w], a0[w], s));
+    return s;
+}
+
+struct gf_mvs_iq4_xs {
+    enum { SB = 136, UPS = 4 };
+    static __device__ int col(int u, int i) { return 64 * u + 16 * i; }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&)[4])
+    {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int sb = 2 * (u % 4) + k, q[4];
+            int ls = ((b[4 + sb / 2] >> (4 * (sb & 1))) & 15) | ((gf_ld16(b + 2) >> (2 * sb)) & 3) << 4;
+            for (int w = 0; w < 4; w++)
+                q[w] = *(const int *)(b + 8 + 16 * sb + 4 * w);
+            sum += gf_h2f(gf_ld16(b)) * (float)(ls - 32) * xd[2 * k] * (float)gf_iq4_dot(q, xa[2 * k], xa[2 * k + 1]);
+        }
+        return sum;
+    }
+};
+
+struct gf_mvs_iq4_nl {
+    enum { SB = 144, UPS = 4 };
+    static __device__ int col(int u, int i) { return 64 * u + 16 * i; }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&)[4])
+    {
+        b += 36 * (u % 4);
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int q[4];
+            for (int w = 0; w < 4; w++)
+                q[w] = gf_ld32h(b + 18 * k + 2 + 4 * w);
+            sum += gf_h2f(gf_ld16(b + 18 * k)) * xd[2 * k] * (float)gf_iq4_dot(q, xa[2 * k], xa[2 * k + 1]);
+        }
+        return sum;
+    }
+};
+
+/* each unit struct's staged form (OK: gf_mvs_kernel takes the format) */
+template <class F> struct gf_mvs_of { enum { OK = 0 }; typedef gf_mvs_q8_0 G; };
+template <> struct gf_mvs_of<gf_q8_0> { enum { OK = 1 }; typedef gf_mvs_q8_0 G; };
+template <> struct gf_mvs_of<gf_q6_K> { enum { OK = 1 }; typedef gf_mvs_q6_K G; };
+template <> struct gf_mvs_of<gf_q2_K> { enum { OK = 1 }; typedef gf_mvs_q2_K G; };
+template <> struct gf_mvs_of<gf_q3_K> { enum { OK = 1 }; typedef gf_mvs_q3_K G; };
+template <> struct gf_mvs_of<gf_iq4_xs> { enum { OK = 1 }; typedef gf_mvs_iq4_xs G; };
+template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl G; };
 
 /* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
  * one more where unaligned; per lane */
@@ -2412,13 +2524,13 @@ static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch(k, grid, threads, smem, s, p);
 }
 
-/* whether gf_mvs_kernel takes this product's one-row groups: Q6_K and
- * Q8_0 rows of whole superblocks, of one matrix or an expert stack (not
- * experts side by side), a stage of at most 96 KB */
+/* whether gf_mvs_kernel takes this product's one-row groups: rows of whole
+ * superblocks of a format it has (gf_mvs_of), of one matrix or an expert
+ * stack (not experts side by side), a stage of at most 96 KB */
 template <class Q>
 static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
 {
-    if ((Q::BYTES != 210 && Q::BYTES != 34) || p.n % 256 || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
+    if (!gf_mvs_of<Q>::OK || p.n % 256 || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
         !(*S = gf_mvk_shape(p.n, UL)))
         return 0;
     typedef typename gf_mvs_of<Q>::G G;

@@ -58,6 +58,7 @@ struct model {
     size_t max_pack16;            /* bytes of the largest packed input of 16 tokens */
     size_t max_gemm_scratch;      /* bytes of the largest quant_gemm_packed scratch */
     struct gpu_model *gpu;        /* the weights on the device, made by the first GPU context */
+    int gpu_refused;              /* the device could not take them: --device auto runs on the CPU */
 };
 
 /* ==== loading ==== */
@@ -654,13 +655,19 @@ static int ctx_device(struct model_ctx *c, const struct model_opts *o, char *err
         return strata_errf(err, errlen, "unknown device %d", o->device);
     c->device = o->device;
     if (c->device == MODEL_DEV_AUTO)
-        c->device = !o->f32ref && gpu_devices(NULL, 0) > 0 ? MODEL_DEV_GPU : MODEL_DEV_CPU;
+        c->device = !o->f32ref && !c->m->gpu_refused && gpu_devices(NULL, 0) > 0 ? MODEL_DEV_GPU : MODEL_DEV_CPU;
     if (c->device == MODEL_DEV_CPU)
         return 0;
     if (o->f32ref)
         return strata_errf(err, errlen, "the float-reference mode runs on the CPU only (use the CPU device)");
-    if (!c->m->gpu && gpu_model_new(&c->m->gpu, c->m, err, errlen) != 0)
-        return -1;
+    if (!c->m->gpu && gpu_model_new(&c->m->gpu, c->m, err, errlen) != 0) {
+        if (o->device != MODEL_DEV_AUTO)
+            return -1;
+        /* auto: a model the device cannot take (a format it lacks, too
+         * little memory) runs on the CPU, said once */
+        fprintf(stderr, "strata: not on the GPU: %s; running on the CPU\n", err);
+        c->m->gpu_refused = 1, c->device = MODEL_DEV_CPU;
+    }
     return 0;
 }
 

@@ -861,16 +861,15 @@ done:
     model_free(m);
 }
 
-/* The formats that only the generic decode kernels take (gpu.cu's units
- * gf_q2_K, gf_q3_K, gf_iq4_nl, gf_iq4_xs) through a whole small qwen3 in each
+/* Q2_K, Q3_K, IQ4_NL and IQ4_XS through a whole small qwen3 in each
  * (embedding rows, every product, the head): a 12-token prompt through the
  * decode kernels with T = 12, a 48-token one through gpu_gemm, then
- * one-token steps; and a qwen3moe with F16 experts, whose decode step takes
- * the float path of the experts side by side. */
+ * one-token steps; and qwen3moe models whose decode steps take the experts
+ * side by side in F16 (the float path), Q3_K and IQ4_XS. */
 static void tg_formats(void)
 {
-    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL and IQ4_XS models, F16 "
-                        "experts (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL and IQ4_XS models, F16, Q3_K "
+                        "and IQ4_XS experts (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
     static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
@@ -886,9 +885,50 @@ static void tg_formats(void)
         tg_random_model(label, path, 48);
         remove(path);
     }
-    const char *path = tg_moe_model("F16", "n_embd=256");
-    if (path)
-        remove(path);
+    /* experts side by side: the float path, and two of the four through the block-a-row and staged kernels */
+    static const char *const moe[][2] = {{"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
+        const char *path = tg_moe_model(moe[i][0], moe[i][1]);
+        if (path)
+            remove(path);
+    }
+}
+
+/* --device auto takes the GPU only for a model it can hold: one it refuses
+ * (n_embd 40, not a multiple of 16) gets a context on the CPU that runs,
+ * and --device gpu an error that names the shape. */
+static void tg_auto(void)
+{
+    if (!test_begin_gpu("gpu/auto a model the GPU refuses (n_embd 40) runs on the CPU under auto; gpu names why"))
+        return;
+    char err[256];
+    const char *path = "/tmp/strata-test-gpu-odd.gguf";
+    char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=40", "--set", "n_layer=2", "--set", "n_head=2",
+                    "--set", "n_head_kv=1", "--set", "head_dim=32", "--set", "n_ff=64", "--set", "n_vocab=300",
+                    "--type", "F32", "-o", (char *)path};
+    struct model *m = NULL;
+    if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err) ||
+        !CHECK(model_load(&m, path, err, sizeof err) == 0, "%s", err))
+        goto done;
+    struct model_opts o = model_opts_default();
+    o.n_ctx = 64, o.device = MODEL_DEV_GPU;
+    struct model_ctx *c = NULL;
+    err[0] = 0;
+    CHECK(model_ctx_new(&c, m, &o, NULL, err, sizeof err) != 0 && strstr(err, "n_embd 40"),
+          "--device gpu: got \"%s\"", err);
+    model_ctx_free(c), c = NULL;
+    o.device = MODEL_DEV_AUTO;
+    int32_t ids[4] = {1, 2, 3, 4};
+    float *lg = malloc(sizeof(float) * 300);
+    if (CHECK(model_ctx_new(&c, m, &o, NULL, err, sizeof err) == 0, "--device auto: %s", err)) {
+        CHECK(model_ctx_device(c) == MODEL_DEV_CPU, "auto took device %d", model_ctx_device(c));
+        CHECK(model_eval(c, 0, ids, 4, 0, lg, 0, err, sizeof err) == 0 && isfinite(lg[0]), "eval: %s", err);
+    }
+    free(lg);
+    model_ctx_free(c);
+done:
+    model_free(m);
+    remove(path);
 }
 
 void test_gpu(void)
@@ -909,7 +949,8 @@ void test_gpu(void)
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
         }
-        if (types[i] == QT_Q8_0) {   /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
+        if (types[i] == QT_Q8_0 || types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288:
+                                                                  a stage over 48 KB) */
             tg_matvec_type(types[i], 5120, 67);   /* and gf_mvq_kernel (batches) */
             tg_matvec_type(types[i], 12288, 67);
         }
@@ -921,6 +962,7 @@ void test_gpu(void)
     tg_testdata("tiny-llama-spm-Q8_0.gguf");
     tg_moe();
     tg_formats();
+    tg_auto();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)
         tg_bench_mv();
