@@ -1205,7 +1205,7 @@ static __device__ __forceinline__ int gf_iq4_dot(const int (&q)[4], const int4 &
 
 struct gf_mvs_iq4_xs {
     enum { SB = 136, UPS = 4 };
-    static __device__ int col(int u, int i) { return 64 * u + 16 * i; }
+    static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
     static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
                                 const int (&)[4])
     {
@@ -1224,7 +1224,7 @@ struct gf_mvs_iq4_xs {
 
 struct gf_mvs_iq4_nl {
     enum { SB = 144, UPS = 4 };
-    static __device__ int col(int u, int i) { return 64 * u + 16 * i; }
+    static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
     static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
                                 const int (&)[4])
     {
