@@ -520,6 +520,138 @@ struct gf_iq4_xs {
     }
 };
 
+/* ==== the IQ2/IQ3 lattices (gpu_quant.h's grids and decoders): unit u is
+ * sub-block u of 32, its grid magnitudes with their signs as int8 codes,
+ * elements 4i..4i+3 in v[i] ==== */
+
+/* four grid magnitudes (the bytes of g, never 0) negated where bits 0..3
+ * of s are set: -b is ~b + 1 in a byte, with no carry out of it */
+static __device__ __forceinline__ int gf_iq_signed(unsigned g, unsigned s)
+{
+    unsigned m = ((s & 15) * 0x00204081u & 0x01010101u) * 0xFFu;
+    return (int)((g ^ m) + (m & 0x01010101u));
+}
+
+/* eight magnitudes (lo, then hi) with the signs of s's 8 bits: codes 2l, 2l + 1 */
+static __device__ __forceinline__ void gf_iq_put8(int (&v)[8], int l, unsigned lo, unsigned hi, unsigned s)
+{
+    v[2 * l] = gf_iq_signed(lo, s);
+    v[2 * l + 1] = gf_iq_signed(hi, s >> 4);
+}
+
+/* Σ code·activation over the sub-block's halves (elements 0..15, 16..31) */
+static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[8], const int8_t *aq)
+{
+    const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
+    int s0 = gpu_dp4a(v[0], a0.x, gpu_dp4a(v[1], a0.y, gpu_dp4a(v[2], a0.z, gpu_dp4a(v[3], a0.w, 0))));
+    int s1 = gpu_dp4a(v[4], a1.x, gpu_dp4a(v[5], a1.y, gpu_dp4a(v[6], a1.z, gpu_dp4a(v[7], a1.w, 0))));
+    return make_int2(s0, s1);
+}
+
+/* one scale for the sub-block (IQ2_XXS, IQ3_XXS, IQ3_S) */
+struct gf_iq_unit1 {
+    enum { BLK = 256, UNITS = 8, FLOAT = 0 };
+    float dl;
+    int v[8], u;
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int2 s = gf_iq_dot(v, aq + 32 * u);
+        return dl * ads[u].x * (float)(s.x + s.y);
+    }
+};
+
+/* a scale for each half (IQ2_XS, IQ2_S) */
+struct gf_iq_unit2 {
+    enum { BLK = 256, UNITS = 8, FLOAT = 0 };
+    float dl[2];
+    int v[8], u;
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        int2 s = gf_iq_dot(v, aq + 32 * u);
+        return ads[u].x * (dl[0] * (float)s.x + dl[1] * (float)s.y);
+    }
+};
+
+/* IQ2_XXS: 8 bytes a sub-block at 2 + 8u: four grid indices, then four
+ * 7-bit sign fields and the scale in the top 4 bits */
+struct gf_iq2_xxs : gf_iq_unit1 {
+    enum { BYTES = 66 };
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        unsigned idx = gf_ld32h(bx + 2 + 8 * unit), aux = gf_ld32h(bx + 6 + 8 * unit);
+        dl = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
+            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs((aux >> 7 * l) & 127));
+        }
+    }
+};
+
+/* IQ2_XS: four u16 a sub-block at 2 + 8u (9-bit index, 7 sign bits), its
+ * halves' scales in byte 66 + u */
+struct gf_iq2_xs : gf_iq_unit2 {
+    enum { BYTES = 74 };
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        float d = gf_h2f(gf_ld16(bx));
+        int sc = bx[66 + unit];
+        dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            unsigned q = gf_ld16(bx + 2 + 8 * unit + 2 * l);
+            uint64_t g = iq2xs_grid[q & 511];
+            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs(q >> 9));
+        }
+    }
+};
+
+/* IQ2_S: index bytes at 2 + 4u (their top two bits in byte 66 + u), sign
+ * bytes at 34 + 4u, the halves' scales in byte 74 + u */
+struct gf_iq2_s : gf_iq_unit2 {
+    enum { BYTES = 82 };
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        float d = gf_h2f(gf_ld16(bx));
+        int sc = bx[74 + unit];
+        dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        unsigned idx = gf_ld32h(bx + 2 + 4 * unit), sg = gf_ld32h(bx + 34 + 4 * unit), qh = bx[66 + unit];
+        for (int l = 0; l < 4; l++) {
+            uint64_t g = iq2s_grid[((idx >> 8 * l) & 255) | ((qh >> (2 * l)) & 3) << 8];
+            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), sg >> 8 * l);
+        }
+    }
+};
+
+/* IQ3_XXS: 8 index bytes a sub-block at 2 + 8u (a 4-element point each),
+ * its sign fields and scale as IQ2_XXS's at 66 + 4u */
+struct gf_iq3_xxs : gf_iq_unit1 {
+    enum { BYTES = 98 };
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * unit), (unsigned)gf_ld32h(bx + 6 + 8 * unit)};
+        unsigned aux = gf_ld32h(bx + 66 + 4 * unit);
+        dl = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++) {
+            unsigned w = q[l >> 1] >> 16 * (l & 1);
+            gf_iq_put8(v, l, iq3xxs_grid[w & 255], iq3xxs_grid[(w >> 8) & 255], gq_iq_signs((aux >> 7 * l) & 127));
+        }
+    }
+};
+
+/* IQ3_S: 8 index bytes at 2 + 8u (their ninth bits in byte 66 + u), sign
+ * bytes at 74 + 4u, the scale nibble u % 2 of byte 106 + u/2 */
+struct gf_iq3_s : gf_iq_unit1 {
+    enum { BYTES = 110 };
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * unit), (unsigned)gf_ld32h(bx + 6 + 8 * unit)};
+        unsigned qh = bx[66 + unit], sg = gf_ld32h(bx + 74 + 4 * unit);
+        dl = gf_h2f(gf_ld16(bx)) * (float)(1 + 2 * ((bx[106 + unit / 2] >> (4 * (unit & 1))) & 15));
+        for (int l = 0; l < 4; l++) {
+            unsigned w = q[l >> 1] >> 16 * (l & 1);
+            gf_iq_put8(v, l, iq3s_grid[(w & 255) | ((qh >> (2 * l)) & 1) << 8],
+                       iq3s_grid[((w >> 8) & 255) | ((qh >> (2 * l + 1)) & 1) << 8], sg >> 8 * l);
+        }
+    }
+};
+
 /* ==== the matrix-vector kernel ==== */
 
 /* y = W · a for groups of activation rows: group g (blockIdx.y) multiplies
@@ -2193,7 +2325,7 @@ static int gf_supported(int type)
     switch (type) {
     case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1:
     case QT_Q8_0: case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_NL:
-    case QT_IQ4_XS:
+    case QT_IQ4_XS: case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
         return 1;
     }
     return 0;
@@ -2623,6 +2755,11 @@ static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_
     case QT_Q3_K: gf_mv_launch_t<gf_q3_K>(p, groups, nt, s); break;
     case QT_IQ4_NL: gf_mv_launch_t<gf_iq4_nl>(p, groups, nt, s); break;
     case QT_IQ4_XS: gf_mv_launch_t<gf_iq4_xs>(p, groups, nt, s); break;
+    case QT_IQ2_XXS: gf_mv_launch_t<gf_iq2_xxs>(p, groups, nt, s); break;
+    case QT_IQ2_XS: gf_mv_launch_t<gf_iq2_xs>(p, groups, nt, s); break;
+    case QT_IQ2_S: gf_mv_launch_t<gf_iq2_s>(p, groups, nt, s); break;
+    case QT_IQ3_XXS: gf_mv_launch_t<gf_iq3_xxs>(p, groups, nt, s); break;
+    case QT_IQ3_S: gf_mv_launch_t<gf_iq3_s>(p, groups, nt, s); break;
     default:
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
                            gguf_type_name(type));

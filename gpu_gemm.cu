@@ -227,7 +227,9 @@ static __host__ __device__ constexpr int gg_bsize(int t)
     return t == QT_F32 ? 4 : t == QT_F16 || t == QT_BF16 ? 2 : t == QT_Q4_0 ? 18 : t == QT_Q4_1 ? 20
            : t == QT_Q5_0 ? 22 : t == QT_Q5_1 ? 24 : t == QT_Q8_0 ? 34 : t == QT_Q8_1 ? 36
            : t == QT_Q2_K ? 84 : t == QT_Q3_K ? 110 : t == QT_Q4_K ? 144 : t == QT_Q5_K ? 176
-           : t == QT_Q6_K ? 210 : t == QT_Q8_K ? 292 : t == QT_IQ4_NL ? 18 : t == QT_IQ4_XS ? 136 : 0;
+           : t == QT_Q6_K ? 210 : t == QT_Q8_K ? 292 : t == QT_IQ4_NL ? 18 : t == QT_IQ4_XS ? 136
+           : t == QT_IQ2_XXS ? 66 : t == QT_IQ2_XS ? 74 : t == QT_IQ2_S ? 82 : t == QT_IQ3_XXS ? 98
+           : t == QT_IQ3_S ? 110 : 0;
 }
 
 /* A weight row is staged in "supersteps" of gg_sup elements (one K-quant
@@ -752,7 +754,8 @@ int gpu_gemm_blas(void)
 /* The type switch: F(TYPE) for each type gq_supported lists. */
 #define GG_TYPES(F)                                                                               \
     F(QT_F32) F(QT_F16) F(QT_BF16) F(QT_Q4_0) F(QT_Q4_1) F(QT_Q5_0) F(QT_Q5_1) F(QT_Q8_0) F(QT_Q8_1) \
-    F(QT_Q2_K) F(QT_Q3_K) F(QT_Q4_K) F(QT_Q5_K) F(QT_Q6_K) F(QT_Q8_K) F(QT_IQ4_NL) F(QT_IQ4_XS)
+    F(QT_Q2_K) F(QT_Q3_K) F(QT_Q4_K) F(QT_Q5_K) F(QT_Q6_K) F(QT_Q8_K) F(QT_IQ4_NL) F(QT_IQ4_XS)         \
+    F(QT_IQ2_XXS) F(QT_IQ2_XS) F(QT_IQ2_S) F(QT_IQ3_XXS) F(QT_IQ3_S)
 
 int gpu_dequant(int type, const void *w, size_t ldw, int n, int rows, float *y, size_t ldy,
                 void *stream, char *err, size_t errlen)

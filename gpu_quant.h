@@ -12,8 +12,8 @@
  * Bit-exactness: a multiply followed by an add is written with __fmul_rn /
  * __fadd_rn so that the compiler cannot fuse it into an FMA (quant.c is
  * built with -ffp-contract=off); pure products need no guard.
- * Not here: the IQ2/IQ3 lattice types (their grids would need device copies
- * of quant_grids.h's tables) and Q8_1's use as a weight beyond its values.
+ * The IQ2/IQ3 lattice grids are quant_grids.h's tables, included here into
+ * device memory. Not here: Q8_1's use as a weight beyond its values.
  */
 #ifndef STRATA_GPU_QUANT_H
 #define STRATA_GPU_QUANT_H
@@ -28,6 +28,7 @@ static inline int gq_supported(int type)
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_Q8_1:
     case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_Q8_K:
     case QT_IQ4_NL: case QT_IQ4_XS:
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
         return 1;
     default:
         return 0;
@@ -325,6 +326,98 @@ static __device__ __forceinline__ void gq_iq4_xs_16(const uint8_t *row, int i16,
         y[j] = dl * gq_i2f(gq_iq4nl((q[j] >> sh) & 15));
 }
 
+/* ---- the IQ2/IQ3 lattices: grids of 8 (IQ2) or 4 (IQ3) magnitudes a
+ * point, a sign bit an element, a 4-bit scale a 32 (a 16 for IQ2_XS/IQ2_S).
+ * Piece i16 of a superblock is half h = i16 % 2 of sub-block ib = i16 % 16
+ * / 2: its groups of 8 l = 2h and 2h + 1. ---- */
+#define QG_TABLE static __device__ const
+#include "quant_grids.h"
+#undef QG_TABLE
+
+/* quant.c's iq_signs: 7 stored sign bits, the 8th makes the count even */
+static __device__ __forceinline__ unsigned gq_iq_signs(unsigned i7)
+{
+    return i7 | (unsigned)(__popc(i7) & 1) << 7;
+}
+
+/* 8 grid magnitudes (the bytes of lo, then of hi) times db, signed by the
+ * bits of signs: quant.c's iq_put8 */
+static __device__ __forceinline__ void gq_iq_put8(float *y, float db, unsigned lo, unsigned hi, unsigned signs)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float v = db * gq_i2f(((j < 4 ? lo : hi) >> (8 * (j & 3))) & 255);
+        y[j] = (signs >> j) & 1 ? -v : v;
+    }
+}
+
+static __device__ __forceinline__ void gq_iq2_xxs_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 66 * (i16 >> 4), *q = b + 2 + 8 * ((i16 & 15) >> 1);
+    unsigned idx = gq_u16(q) | gq_u16(q + 2) << 16, aux = gq_u16(q + 4) | gq_u16(q + 6) << 16;
+    float db = gq_f16(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int l = 2 * (i16 & 1) + k;
+        uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
+        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs((aux >> 7 * l) & 127));
+    }
+}
+
+static __device__ __forceinline__ void gq_iq2_xs_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 74 * (i16 >> 4);
+    int ib = (i16 & 15) >> 1, h = i16 & 1;
+    float db = gq_f16(b) * (0.5f + (float)((b[66 + ib] >> (4 * h)) & 15)) * 0.25f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        unsigned q = gq_u16(b + 2 + 2 * (4 * ib + 2 * h + k));
+        uint64_t g = iq2xs_grid[q & 511];
+        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs(q >> 9));
+    }
+}
+
+static __device__ __forceinline__ void gq_iq2_s_16(const uint8_t *row, int i16, float *y)
+{
+    const uint8_t *b = row + 82 * (i16 >> 4);
+    int ib = (i16 & 15) >> 1, h = i16 & 1;
+    float db = gq_f16(b) * (0.5f + (float)((b[74 + ib] >> (4 * h)) & 15)) * 0.25f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int l = 2 * h + k;
+        uint64_t g = iq2s_grid[b[2 + 4 * ib + l] | ((b[66 + ib] >> (2 * l)) & 3) << 8];
+        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), b[34 + 4 * ib + l]);
+    }
+}
+
+static __device__ __forceinline__ void gq_iq3_xxs_16(const uint8_t *row, int i16, float *y)
+{
+    int ib = (i16 & 15) >> 1;
+    const uint8_t *b = row + 98 * (i16 >> 4), *q = b + 2 + 8 * ib, *a = b + 66 + 4 * ib;
+    unsigned aux = gq_u16(a) | gq_u16(a + 2) << 16;
+    float db = gq_f16(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int l = 2 * (i16 & 1) + k;
+        gq_iq_put8(y + 8 * k, db, iq3xxs_grid[q[2 * l]], iq3xxs_grid[q[2 * l + 1]],
+                   gq_iq_signs((aux >> 7 * l) & 127));
+    }
+}
+
+static __device__ __forceinline__ void gq_iq3_s_16(const uint8_t *row, int i16, float *y)
+{
+    int ib = (i16 & 15) >> 1;
+    const uint8_t *b = row + 110 * (i16 >> 4), *q = b + 2 + 8 * ib;
+    float db = gq_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib & 1))) & 15));
+    unsigned qh = b[66 + ib];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int l = 2 * (i16 & 1) + k;
+        gq_iq_put8(y + 8 * k, db, iq3s_grid[q[2 * l] | ((qh >> (2 * l)) & 1) << 8],
+                   iq3s_grid[q[2 * l + 1] | ((qh >> (2 * l + 1)) & 1) << 8], b[74 + 4 * ib + l]);
+    }
+}
+
 /* Elements 16*i16 .. 16*i16+15 of a row of block type `type` (gq_supported)
  * stored as in the file, the row aligned to RA bytes (1, 2 or 4: picks the
  * load width at compile time; 1 checks at run time); row may point to global
@@ -359,6 +452,11 @@ static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *
     case QT_Q8_K: gq_q8_K_16<RA>(row, i16, out); break;
     case QT_IQ4_NL: gq_nib18_16<RA, true>(row, i16, out); break;
     case QT_IQ4_XS: gq_iq4_xs_16<RA>(row, i16, out); break;
+    case QT_IQ2_XXS: gq_iq2_xxs_16(row, i16, out); break;
+    case QT_IQ2_XS: gq_iq2_xs_16(row, i16, out); break;
+    case QT_IQ2_S: gq_iq2_s_16(row, i16, out); break;
+    case QT_IQ3_XXS: gq_iq3_xxs_16(row, i16, out); break;
+    case QT_IQ3_S: gq_iq3_s_16(row, i16, out); break;
     default:
 #pragma unroll
         for (int j = 0; j < 16; j++)

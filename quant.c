@@ -2436,6 +2436,35 @@ size_t quant_row_bytes(int qtype, int64_t n)
     return (size_t)(n / t->blck) * t->size;
 }
 
+/* The IQ2/IQ3 lattice types have decoders but no quantiser here; any bytes
+ * are codes of theirs, and each block begins with its half-float scale. */
+int quant_lattice(int qtype)
+{
+    return qtype == QT_IQ2_XXS || qtype == QT_IQ2_XS || qtype == QT_IQ2_S || qtype == QT_IQ3_XXS ||
+           qtype == QT_IQ3_S;
+}
+
+int quant_lattice_row(int qtype, void *row, int64_t n, float amax)
+{
+    const struct quant_type *t = quant_type(qtype);
+    float *y = quant_lattice(qtype) && n > 0 && n % QK == 0 ? malloc((size_t)n * sizeof *y) : NULL;
+    if (!y)
+        return -1;
+    uint8_t *b = row;
+    uint16_t d = quant_f32_to_f16(1.0f);
+    for (int64_t i = 0; i < n / QK; i++)
+        memcpy(b + i * t->size, &d, 2);
+    t->to_f32(row, y, n);
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        m = fmaxf(m, fabsf(y[i]));
+    free(y);
+    d = quant_f32_to_f16(m > 0.0f ? amax / m : 0.0f);
+    for (int64_t i = 0; i < n / QK; i++)
+        memcpy(b + i * t->size, &d, 2);
+    return 0;
+}
+
 const char *quant_simd_name(void)
 {
 #if defined(QUANT_AVX512)

@@ -10,22 +10,30 @@
  * compile time. The points are in the reference's order (ascending compact
  * value), so table[i] is the reference's grid entry i.
  *
- * No code here beyond the expansion macros; the decoders live in quant.c.
+ * No code here beyond the expansion macros; the decoders live in quant.c and
+ * gpu_quant.h, which includes this file with QG_TABLE set to place the tables
+ * in device memory.
  */
 #ifndef STRATA_QUANT_GRIDS_H
 #define STRATA_QUANT_GRIDS_H
 
 #include <stdint.h>
 
-/* IQ2 grids: 8 elements, digit d in 0..2 → magnitude 8, 25 or 43. */
-#define QG2_MAG(d) ((d) == 0 ? 0x08 : (d) == 1 ? 0x19 : 0x2b)
+#ifndef QG_TABLE
+#define QG_TABLE static const
+#endif
+
+/* IQ2 grids: 8 elements, digit d in 0..2 → magnitude 8, 25 or 43 (byte d
+ * of 0x2b1908). No comparisons in these macros: a C++ compiler warns of
+ * those on constants. */
+#define QG2_MAG(d) ((0x2b1908 >> (8 * (d))) & 0xff)
 #define QG2_B(k, j) ((uint64_t)QG2_MAG(((k) >> (2 * (j))) & 3) << (8 * (j)))
 #define G2(k) (QG2_B(k, 0) | QG2_B(k, 1) | QG2_B(k, 2) | QG2_B(k, 3) | \
                QG2_B(k, 4) | QG2_B(k, 5) | QG2_B(k, 6) | QG2_B(k, 7))
 
 /* IQ3_XXS grid: 4 elements, digit d in 0..7 → 4, 12, 20, ..., 52, then 62
- * (the last level is 62, not 60). */
-#define QG3X_MAG(d) ((d) == 7 ? 62 : 8 * (d) + 4)
+ * (the last level is 62, not 60: 2 more when d's three bits are all set). */
+#define QG3X_MAG(d) (8 * (d) + 4 + 2 * ((d) >> 2 & (d) >> 1 & (d) & 1))
 #define QG3X_B(k, j) ((uint32_t)QG3X_MAG(((k) >> (3 * (j))) & 7) << (8 * (j)))
 #define G3X(k) (QG3X_B(k, 0) | QG3X_B(k, 1) | QG3X_B(k, 2) | QG3X_B(k, 3))
 
@@ -36,7 +44,7 @@
 
 
 /* IQ2_XXS: 256 points. */
-static const uint64_t iq2xxs_grid[256] = {
+QG_TABLE uint64_t iq2xxs_grid[256] = {
     G2(0), G2(2), G2(5), G2(8), G2(10), G2(17), G2(20), G2(32), G2(34), G2(40),
     G2(42), G2(65), G2(68), G2(80), G2(88), G2(97), G2(100), G2(128), G2(130), G2(138),
     G2(162), G2(257), G2(260), G2(272), G2(277), G2(320), G2(388), G2(408), G2(512), G2(514),
@@ -66,7 +74,7 @@ static const uint64_t iq2xxs_grid[256] = {
 };
 
 /* IQ2_XS: 512 points. */
-static const uint64_t iq2xs_grid[512] = {
+QG_TABLE uint64_t iq2xs_grid[512] = {
     G2(0), G2(2), G2(5), G2(8), G2(10), G2(17), G2(20), G2(22), G2(25), G2(32),
     G2(34), G2(37), G2(40), G2(65), G2(68), G2(70), G2(73), G2(80), G2(82), G2(85),
     G2(88), G2(97), G2(100), G2(128), G2(130), G2(133), G2(136), G2(145), G2(148), G2(153),
@@ -122,7 +130,7 @@ static const uint64_t iq2xs_grid[512] = {
 };
 
 /* IQ2_S: 1024 points. */
-static const uint64_t iq2s_grid[1024] = {
+QG_TABLE uint64_t iq2s_grid[1024] = {
     G2(0), G2(2), G2(5), G2(8), G2(10), G2(17), G2(20), G2(22), G2(25), G2(32),
     G2(34), G2(37), G2(40), G2(65), G2(68), G2(70), G2(73), G2(80), G2(82), G2(85),
     G2(88), G2(97), G2(100), G2(102), G2(105), G2(128), G2(130), G2(133), G2(136), G2(145),
@@ -229,7 +237,7 @@ static const uint64_t iq2s_grid[1024] = {
 };
 
 /* IQ3_XXS: 256 points. */
-static const uint32_t iq3xxs_grid[256] = {
+QG_TABLE uint32_t iq3xxs_grid[256] = {
     G3X(0), G3X(2), G3X(4), G3X(9), G3X(11), G3X(15), G3X(16), G3X(18), G3X(25), G3X(34),
     G3X(59), G3X(61), G3X(65), G3X(67), G3X(72), G3X(74), G3X(81), G3X(85), G3X(88), G3X(90),
     G3X(97), G3X(108), G3X(120), G3X(128), G3X(130), G3X(132), G3X(137), G3X(144), G3X(146), G3X(153),
@@ -259,7 +267,7 @@ static const uint32_t iq3xxs_grid[256] = {
 };
 
 /* IQ3_S: 512 points. */
-static const uint32_t iq3s_grid[512] = {
+QG_TABLE uint32_t iq3s_grid[512] = {
     G3S(0), G3S(1), G3S(2), G3S(5), G3S(7), G3S(8), G3S(9), G3S(10), G3S(12), G3S(14),
     G3S(16), G3S(17), G3S(21), G3S(27), G3S(32), G3S(34), G3S(37), G3S(39), G3S(41), G3S(43),
     G3S(48), G3S(50), G3S(57), G3S(60), G3S(63), G3S(64), G3S(65), G3S(66), G3S(68), G3S(72),

@@ -166,6 +166,13 @@ const struct quant_type *quant_type(int qtype);
 size_t quant_row_bytes(int qtype, int64_t n); /* 0 if n is not a multiple of blck */
 float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);   /* round to nearest even */
+/* The IQ2/IQ3 lattice types have no quantiser: quant_lattice_row makes a
+ * row of n elements of one from random codes (row holds quant_row_bytes
+ * random bytes on entry; every block's scale is set so that the row's
+ * largest magnitude is about amax), for synthetic models and tests; -1 for
+ * another type or a bad n. */
+int quant_lattice(int qtype);
+int quant_lattice_row(int qtype, void *row, int64_t n, float amax);
 float quant_bf16_to_f32(uint16_t h);
 const char *quant_simd_name(void);    /* "avx512-vnni", "avx2", "neon", "scalar" */
 

@@ -3,8 +3,9 @@
  * (Qwen3-0.6B/8B, Qwen3-30B-A3B, Llama-3-8B, or any shape given by --set) for
  * benchmarks and tests, with the tokenizer copied from a vocabulary GGUF.
  *
- * Weights are quantised by quant.c's own quantisers and streamed to the file
- * one row at a time: no float copy of a tensor is ever held. To keep writing
+ * Weights are quantised by quant.c's own quantisers (the IQ2/IQ3 lattice
+ * types, which have none, get random codes: quant_lattice_row) and streamed
+ * to the file one row at a time: no float copy of a tensor is ever held. To keep writing
  * a 30 GB model fast, each tensor quantises a bank of random rows (at most
  * SYNTH_BANK rows and SYNTH_BANK_ELEMS elements, at least 16 rows: the K-quant
  * quantisers search scales and cost ~100 ns an element) and writes its rows
@@ -90,9 +91,16 @@ static int write_tensor(struct out *o, const struct tdesc *t)
         return -1;
     }
     for (int b = 0; b < bank; b++) {
+        uint8_t *qb = q + (size_t)b * rb;
+        if (!qt->from_f32) {   /* a lattice type: random codes of that width */
+            for (size_t i = 0; i < rb; i++)
+                qb[i] = (uint8_t)(rng_next(&o->rng) >> 56);
+            quant_lattice_row(type, qb, k, t->scale);
+            continue;
+        }
         for (int64_t i = 0; i < k; i++)
             f[i] = t->fill >= 0 ? t->fill : t->scale * rng_uniform(&o->rng);
-        qt->from_f32(f, q + (size_t)b * rb, k);
+        qt->from_f32(f, qb, k);
     }
     int rc = 0;
     for (int64_t r = 0; r < rows && rc == 0; r++) {
@@ -363,7 +371,7 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
     struct out o = {NULL, seed * 0x9E3779B97F4A7C15ull, err, errlen};
     int mix = strcasecmp(tname, "q4_k_m") == 0, wt = mix ? QT_Q4_K : type_by_name(tname);
     const struct quant_type *qt = wt >= 0 ? quant_type(wt) : NULL;
-    if (!qt || !qt->from_f32 || wt == QT_Q8_1 || wt == QT_Q8_K) {
+    if (!qt || (!qt->from_f32 && !quant_lattice(wt)) || wt == QT_Q8_1 || wt == QT_Q8_K) {
         snprintf(err, errlen, "synth: no quantiser for weight type '%s'", tname);
         return -1;
     }

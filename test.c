@@ -177,6 +177,23 @@ float test_randf(unsigned *state)
     return (float)((test_rand(state) >> 8) * (2.0 / 16777216.0) - 1.0);
 }
 
+void test_weight_row(int qtype, void *row, int n, float amax, unsigned *state)
+{
+    const struct quant_type *qt = quant_type(qtype);
+    if (!qt->from_f32) {
+        size_t rb = quant_row_bytes(qtype, n);
+        for (size_t i = 0; i < rb; i++)
+            ((uint8_t *)row)[i] = (uint8_t)(test_rand(state) >> 24);
+        quant_lattice_row(qtype, row, n, amax);
+        return;
+    }
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int i = 0; i < n; i++)
+        v[i] = test_randf(state) * amax;
+    qt->from_f32(v, row, n);
+    free(v);
+}
+
 void test_err_add(struct test_err *e, const float *got, const double *ref, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

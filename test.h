@@ -34,6 +34,10 @@ int test_slow(void);
 double test_lse(const float *lg, int V);
 unsigned test_rand(unsigned *state);
 float test_randf(unsigned *state); /* uniform in [-1, 1) */
+/* A random weight row of n elements of a block type: n values uniform in
+ * ±amax (test_randf) quantised, or for the IQ2/IQ3 lattices, which have no
+ * quantiser, random codes of that width (quant_lattice_row). */
+void test_weight_row(int qtype, void *row, int n, float amax, unsigned *state);
 
 /* Max abs and RMS error of computed values against a reference; a NaN or
  * infinite value counts as an infinite error. Zero-initialise, then add. */

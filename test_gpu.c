@@ -39,7 +39,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
              qt->name, N, ROWS);
     if (!test_begin_gpu(name))
         return;
-    enum { TMAX = 11, NMAX = 12288 };
+    enum { TMAX = 11 };
     unsigned seed = 1234u + (unsigned)type;
     size_t ldw = quant_row_bytes(type, N);
     uint8_t *w = malloc(ldw * ROWS);
@@ -47,11 +47,8 @@ static void tg_matvec_type(int type, int N, int ROWS)
     float *y = malloc(sizeof(float) * ROWS * TMAX);
     const struct quant_type *at = quant_type(qt->dot_type);
     void *aq = malloc(quant_row_bytes(qt->dot_type, N) + 64);
-    float tmp[NMAX];
     for (int r = 0; r < ROWS; r++) {
-        for (int i = 0; i < N; i++)
-            tmp[i] = test_randf(&seed) * (0.5f + (r % 5));
-        qt->from_f32(tmp, w + (size_t)r * ldw, N);
+        test_weight_row(type, w + (size_t)r * ldw, N, 0.5f + (r % 5), &seed);
         qt->to_f32(w + (size_t)r * ldw, wf + (size_t)r * N, N);
     }
     for (int t = 0; t < TMAX; t++)
@@ -861,17 +858,20 @@ done:
     model_free(m);
 }
 
-/* Q2_K, Q3_K, IQ4_NL and IQ4_XS through a whole small qwen3 in each
- * (embedding rows, every product, the head): a 12-token prompt through the
- * decode kernels with T = 12, a 48-token one through gpu_gemm, then
- * one-token steps; and qwen3moe models whose decode steps take the experts
- * side by side in F16 (the float path), Q3_K and IQ4_XS. */
+/* Q2_K, Q3_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices through a whole
+ * small qwen3 in each (embedding rows, every product, the head): a 12-token
+ * prompt through the decode kernels with T = 12, a 48-token one through
+ * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
+ * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
+ * IQ2_XS. */
 static void tg_formats(void)
 {
-    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL and IQ4_XS models, F16, Q3_K "
-                        "and IQ4_XS experts (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, "
+                        "IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts (bound: 1.5x CPU "
+                        "vs f32ref + 0.05)"))
         return;
-    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
+    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
+                                        "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char err[256], path[64], label[64];
         snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
@@ -886,7 +886,8 @@ static void tg_formats(void)
         remove(path);
     }
     /* experts side by side: the float path, and two of the four through the block-a-row and staged kernels */
-    static const char *const moe[][2] = {{"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}};
+    static const char *const moe[][2] = {
+        {"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}, {"IQ2_XS", "n_embd=256"}};
     for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
         const char *path = tg_moe_model(moe[i][0], moe[i][1]);
         if (path)
@@ -934,7 +935,8 @@ done:
 void test_gpu(void)
 {
     static const int types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
-                                QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                                QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS,
+                                QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S};
     /* rows of several chunks of the decode kernels (161 blocks of 32 start
      * rows off 16-byte boundaries); K-quants also at the widths that take
      * one, two and three column slices of the Q4_K kernel. 67 rows take the

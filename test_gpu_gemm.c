@@ -28,6 +28,7 @@
 static const int tg_types[] = {
     QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_Q8_1,
     QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_K, QT_IQ4_NL, QT_IQ4_XS,
+    QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S,
 };
 #define TG_NTYPES ((int)(sizeof tg_types / sizeof tg_types[0]))
 
@@ -73,7 +74,7 @@ static void tg_parallel(int n, void (*fn)(void *ctx, int i), void *ctx)
 
 struct tg_wjob {
     const struct quant_type *qt;
-    int n;
+    int type, n;
     size_t ldw;
     unsigned seed;
     uint8_t *w;  /* (rows, ldw) */
@@ -87,17 +88,15 @@ static void tg_wrow(void *ctx, int r)
     unsigned st = j->seed * 7919u + (unsigned)r * 104729u + 1;
     /* row scales from 1e-2 to 1e1: every block's scale exponent varies */
     float scale = 0.01f * powf(10.f, 3.f * (test_rand(&st) % 1000) / 1000.f);
-    for (int k = 0; k < j->n; k++)
-        v[k] = test_randf(&st) * scale;
-    j->qt->from_f32(v, j->w + (size_t)r * j->ldw, j->n);
+    test_weight_row(j->type, j->w + (size_t)r * j->ldw, j->n, scale, &st);
     j->qt->to_f32(j->w + (size_t)r * j->ldw, v, j->n); /* the values the GPU must reproduce */
 }
 
 /* w (rows, ldw bytes) and its CPU dequantisation deq (rows, n); 0 on success. */
 static int tg_weights(int type, int n, int rows, unsigned seed, uint8_t **w, size_t *ldw, float **deq)
 {
-    struct tg_wjob j = {quant_type(type), n, quant_row_bytes(type, n), seed, NULL, NULL};
-    if (!j.qt || !j.qt->from_f32 || !j.ldw)
+    struct tg_wjob j = {quant_type(type), type, n, quant_row_bytes(type, n), seed, NULL, NULL};
+    if (!j.qt || !j.ldw)
         return -1;
     j.w = malloc(j.ldw * rows);
     j.deq = malloc((size_t)rows * n * sizeof(float));

@@ -308,7 +308,7 @@ static const int dot_types[] = {
 #define N_DOT_TYPES ((int)(sizeof dot_types / sizeof *dot_types))
 
 /* A random weight row of n elements: quantised random values where the type
- * has a quantiser, else random bytes with every half-float scale made sane. */
+ * has a quantiser, else random codes (the IQ2/IQ3 lattices). */
 static void *random_row(int qtype, int n, unsigned *st)
 {
     const struct quant_type *t = quant_type(qtype);
@@ -324,11 +324,7 @@ static void *random_row(int qtype, int n, unsigned *st)
     }
     for (size_t i = 0; i < rb; i++)
         row[i] = (uint8_t)test_rand(st);
-    /* every IQ2/IQ3 block starts with its half-float scale */
-    for (size_t off = 0; off < rb; off += t->size) {
-        uint16_t d = quant_f32_to_f16(0.01f + 0.01f * (test_randf(st) + 1));
-        memcpy(row + off, &d, 2);
-    }
+    quant_lattice_row(qtype, row, n, 4.0f);
     return row;
 }
 
