@@ -422,9 +422,16 @@ struct gf_q2_K {
     }
 };
 
+/* Q3_K sub-block s's signed 6-bit scale: the low nibble of byte 96 + s % 8
+ * (its high one for s >= 8), the top two bits from byte 104 + s % 4, less 32 */
+static __device__ __forceinline__ int gf_q3k_scale(const uint8_t *b, int s)
+{
+    int lo = (b[96 + (s & 7)] >> (4 * (s >> 3))) & 15, hi = (b[104 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Q3_K: as Q2_K's planes, each code's third bit (level + 4) in bit 4n + j
- * of hmask byte 16h + l, and signed 6-bit scales: the low nibble of byte
- * s % 8 (its high one for s >= 8), the top two bits from byte 8 + s % 4. */
+ * of hmask byte 16h + l, and the scales of gf_q3k_scale. */
 struct gf_q3_K {
     enum { BLK = 256, BYTES = 110, UNITS = 4, FLOAT = 0 };
     float dl[4];
@@ -437,11 +444,8 @@ struct gf_q3_K {
             q[i] = gf_ld32h(bx + 32 + 32 * n + 16 * h + 4 * i);
             hm[i] = gf_ld32h(bx + 16 * h + 4 * i);
         }
-        const uint8_t *sc = bx + 96;
-        for (int j = 0; j < 4; j++) {
-            int s = 8 * n + 2 * j + h, lo = (sc[s & 7] >> (4 * n)) & 15, hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
-            dl[j] = d * (float)((lo | hi << 4) - 32);
-        }
+        for (int j = 0; j < 4; j++)
+            dl[j] = d * (float)gf_q3k_scale(bx, 8 * n + 2 * j + h);
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
         int n = u >> 1, h = u & 1;
@@ -539,45 +543,26 @@ static __device__ __forceinline__ void gf_iq_put8(int (&v)[8], int l, unsigned l
     v[2 * l + 1] = gf_iq_signed(hi, s >> 4);
 }
 
-/* Σ code·activation over the sub-block's halves (elements 0..15, 16..31) */
-static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[8], const int8_t *aq)
+/* Σ code·activation over a sub-block's halves: codes 0..15 against a0,
+ * 16..31 against a1 */
+static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[8], const int4 &a0, const int4 &a1)
 {
-    const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
     int s0 = gpu_dp4a(v[0], a0.x, gpu_dp4a(v[1], a0.y, gpu_dp4a(v[2], a0.z, gpu_dp4a(v[3], a0.w, 0))));
     int s1 = gpu_dp4a(v[4], a1.x, gpu_dp4a(v[5], a1.y, gpu_dp4a(v[6], a1.z, gpu_dp4a(v[7], a1.w, 0))));
     return make_int2(s0, s1);
 }
 
-/* one scale for the sub-block (IQ2_XXS, IQ3_XXS, IQ3_S) */
-struct gf_iq_unit1 {
-    enum { BLK = 256, UNITS = 8, FLOAT = 0 };
-    float dl;
-    int v[8], u;
-    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        int2 s = gf_iq_dot(v, aq + 32 * u);
-        return dl * ads[u].x * (float)(s.x + s.y);
-    }
-};
+/* Each lattice's sub-block decoder: sub(bx, sb, v, dl) gives sub-block sb
+ * of the superblock at bx as codes v and the scales of its halves (one
+ * scale but for IQ2_XS and IQ2_S). */
 
-/* a scale for each half (IQ2_XS, IQ2_S) */
-struct gf_iq_unit2 {
-    enum { BLK = 256, UNITS = 8, FLOAT = 0 };
-    float dl[2];
-    int v[8], u;
-    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
-        int2 s = gf_iq_dot(v, aq + 32 * u);
-        return ads[u].x * (dl[0] * (float)s.x + dl[1] * (float)s.y);
-    }
-};
-
-/* IQ2_XXS: 8 bytes a sub-block at 2 + 8u: four grid indices, then four
+/* IQ2_XXS: 8 bytes a sub-block at 2 + 8sb: four grid indices, then four
  * 7-bit sign fields and the scale in the top 4 bits */
-struct gf_iq2_xxs : gf_iq_unit1 {
-    enum { BYTES = 66 };
-    __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
-        unsigned idx = gf_ld32h(bx + 2 + 8 * unit), aux = gf_ld32h(bx + 6 + 8 * unit);
-        dl = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.25f;
+struct gf_iq2_xxs_d {
+    enum { SB = 66 };
+    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
+        unsigned idx = gf_ld32h(bx + 2 + 8 * sb), aux = gf_ld32h(bx + 6 + 8 * sb);
+        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.25f;
         for (int l = 0; l < 4; l++) {
             uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
             gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs((aux >> 7 * l) & 127));
@@ -585,33 +570,31 @@ struct gf_iq2_xxs : gf_iq_unit1 {
     }
 };
 
-/* IQ2_XS: four u16 a sub-block at 2 + 8u (9-bit index, 7 sign bits), its
- * halves' scales in byte 66 + u */
-struct gf_iq2_xs : gf_iq_unit2 {
-    enum { BYTES = 74 };
-    __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
+/* IQ2_XS: four u16 a sub-block at 2 + 8sb (9-bit index, 7 sign bits), its
+ * halves' scales in byte 66 + sb */
+struct gf_iq2_xs_d {
+    enum { SB = 74 };
+    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
         float d = gf_h2f(gf_ld16(bx));
-        int sc = bx[66 + unit];
+        int sc = bx[66 + sb];
         dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
         for (int l = 0; l < 4; l++) {
-            unsigned q = gf_ld16(bx + 2 + 8 * unit + 2 * l);
+            unsigned q = gf_ld16(bx + 2 + 8 * sb + 2 * l);
             uint64_t g = iq2xs_grid[q & 511];
             gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs(q >> 9));
         }
     }
 };
 
-/* IQ2_S: index bytes at 2 + 4u (their top two bits in byte 66 + u), sign
- * bytes at 34 + 4u, the halves' scales in byte 74 + u */
-struct gf_iq2_s : gf_iq_unit2 {
-    enum { BYTES = 82 };
-    __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
+/* IQ2_S: index bytes at 2 + 4sb (their top two bits in byte 66 + sb), sign
+ * bytes at 34 + 4sb, the halves' scales in byte 74 + sb */
+struct gf_iq2_s_d {
+    enum { SB = 82 };
+    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
         float d = gf_h2f(gf_ld16(bx));
-        int sc = bx[74 + unit];
+        int sc = bx[74 + sb];
         dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-        unsigned idx = gf_ld32h(bx + 2 + 4 * unit), sg = gf_ld32h(bx + 34 + 4 * unit), qh = bx[66 + unit];
+        unsigned idx = gf_ld32h(bx + 2 + 4 * sb), sg = gf_ld32h(bx + 34 + 4 * sb), qh = bx[66 + sb];
         for (int l = 0; l < 4; l++) {
             uint64_t g = iq2s_grid[((idx >> 8 * l) & 255) | ((qh >> (2 * l)) & 3) << 8];
             gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), sg >> 8 * l);
@@ -619,15 +602,14 @@ struct gf_iq2_s : gf_iq_unit2 {
     }
 };
 
-/* IQ3_XXS: 8 index bytes a sub-block at 2 + 8u (a 4-element point each),
- * its sign fields and scale as IQ2_XXS's at 66 + 4u */
-struct gf_iq3_xxs : gf_iq_unit1 {
-    enum { BYTES = 98 };
-    __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
-        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * unit), (unsigned)gf_ld32h(bx + 6 + 8 * unit)};
-        unsigned aux = gf_ld32h(bx + 66 + 4 * unit);
-        dl = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+/* IQ3_XXS: 8 index bytes a sub-block at 2 + 8sb (a 4-element point each),
+ * its sign fields and scale as IQ2_XXS's at 66 + 4sb */
+struct gf_iq3_xxs_d {
+    enum { SB = 98 };
+    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
+        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * sb), (unsigned)gf_ld32h(bx + 6 + 8 * sb)};
+        unsigned aux = gf_ld32h(bx + 66 + 4 * sb);
+        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.5f;
         for (int l = 0; l < 4; l++) {
             unsigned w = q[l >> 1] >> 16 * (l & 1);
             gf_iq_put8(v, l, iq3xxs_grid[w & 255], iq3xxs_grid[(w >> 8) & 255], gq_iq_signs((aux >> 7 * l) & 127));
@@ -635,15 +617,14 @@ struct gf_iq3_xxs : gf_iq_unit1 {
     }
 };
 
-/* IQ3_S: 8 index bytes at 2 + 8u (their ninth bits in byte 66 + u), sign
- * bytes at 74 + 4u, the scale nibble u % 2 of byte 106 + u/2 */
-struct gf_iq3_s : gf_iq_unit1 {
-    enum { BYTES = 110 };
-    __device__ void load(const uint8_t *bx, int unit) {
-        u = unit;
-        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * unit), (unsigned)gf_ld32h(bx + 6 + 8 * unit)};
-        unsigned qh = bx[66 + unit], sg = gf_ld32h(bx + 74 + 4 * unit);
-        dl = gf_h2f(gf_ld16(bx)) * (float)(1 + 2 * ((bx[106 + unit / 2] >> (4 * (unit & 1))) & 15));
+/* IQ3_S: 8 index bytes at 2 + 8sb (their ninth bits in byte 66 + sb), sign
+ * bytes at 74 + 4sb, the scale nibble sb % 2 of byte 106 + sb/2 */
+struct gf_iq3_s_d {
+    enum { SB = 110 };
+    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
+        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * sb), (unsigned)gf_ld32h(bx + 6 + 8 * sb)};
+        unsigned qh = bx[66 + sb], sg = gf_ld32h(bx + 74 + 4 * sb);
+        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (float)(1 + 2 * ((bx[106 + sb / 2] >> (4 * (sb & 1))) & 15));
         for (int l = 0; l < 4; l++) {
             unsigned w = q[l >> 1] >> 16 * (l & 1);
             gf_iq_put8(v, l, iq3s_grid[(w & 255) | ((qh >> (2 * l)) & 1) << 8],
@@ -651,6 +632,28 @@ struct gf_iq3_s : gf_iq_unit1 {
         }
     }
 };
+
+/* the unit struct of a lattice: one sub-block a unit */
+template <class D>
+struct gf_iq {
+    enum { BLK = 256, BYTES = D::SB, UNITS = 8, FLOAT = 0 };
+    float dl[2];
+    int v[8], u;
+    __device__ void load(const uint8_t *bx, int unit) {
+        u = unit;
+        D::sub(bx, unit, v, dl);
+    }
+    __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
+        const int4 *a = (const int4 *)(aq + 32 * u);
+        int2 s = gf_iq_dot(v, a[0], a[1]);
+        return ads[u].x * (dl[0] * (float)s.x + dl[1] * (float)s.y);
+    }
+};
+typedef gf_iq<gf_iq2_xxs_d> gf_iq2_xxs;
+typedef gf_iq<gf_iq2_xs_d> gf_iq2_xs;
+typedef gf_iq<gf_iq2_s_d> gf_iq2_s;
+typedef gf_iq<gf_iq3_xxs_d> gf_iq3_xxs;
+typedef gf_iq<gf_iq3_s_d> gf_iq3_s;
 
 /* ==== the matrix-vector kernel ==== */
 
@@ -1312,9 +1315,7 @@ struct gf_mvs_q3_K {
             for (int w = 0; w < 4; w++)
                 s = gpu_dp4a(((q[w] >> (2 * i)) & 0x03030303) | (((hm[w] >> (4 * n + i)) & 0x01010101) << 2), x[w],
                              s);
-            int k = 8 * n + 2 * i + h, lo = (b[96 + (k & 7)] >> (4 * n)) & 15;
-            int hi = (b[104 + (k & 3)] >> (2 * (k >> 2))) & 3;
-            sum += xd[i] * d * (float)((lo | hi << 4) - 32) * (float)(s - 4 * xs[i]);
+            sum += xd[i] * d * (float)gf_q3k_scale(b, 8 * n + 2 * i + h) * (float)(s - 4 * xs[i]);
         }
         return sum;
     }
@@ -1373,6 +1374,28 @@ struct gf_mvs_iq4_nl {
     }
 };
 
+/* the lattices: unit u is 64 columns from 64u (Q8_0's), sub-blocks
+ * 2(u % 4) and 2(u % 4) + 1 of the superblock */
+template <class D>
+struct gf_mvs_iq {
+    enum { SB = D::SB, UPS = 4 };
+    static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&)[4])
+    {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float dl[2];
+            int v[8];
+            D::sub(b, 2 * (u % 4) + k, v, dl);
+            int2 s = gf_iq_dot(v, xa[2 * k], xa[2 * k + 1]);
+            sum += xd[2 * k] * (dl[0] * (float)s.x + dl[1] * (float)s.y);
+        }
+        return sum;
+    }
+};
+
 /* each unit struct's staged form (OK: gf_mvs_kernel takes the format) */
 template <class F> struct gf_mvs_of { enum { OK = 0 }; typedef gf_mvs_q8_0 G; };
 template <> struct gf_mvs_of<gf_q8_0> { enum { OK = 1 }; typedef gf_mvs_q8_0 G; };
@@ -1381,6 +1404,7 @@ template <> struct gf_mvs_of<gf_q2_K> { enum { OK = 1 }; typedef gf_mvs_q2_K G; 
 template <> struct gf_mvs_of<gf_q3_K> { enum { OK = 1 }; typedef gf_mvs_q3_K G; };
 template <> struct gf_mvs_of<gf_iq4_xs> { enum { OK = 1 }; typedef gf_mvs_iq4_xs G; };
 template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl G; };
+template <class D> struct gf_mvs_of<gf_iq<D> > { enum { OK = 1 }; typedef gf_mvs_iq<D> G; };
 
 /* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
  * one more where unaligned; per lane */
