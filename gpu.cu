@@ -35,7 +35,6 @@
 #define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
 #define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
 #define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
-#define GF_ACT_NV 4       /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
 /* One activation block's scales: x = d (the f16-rounded scale, as quant.c's
  * Q8_0/Q8_1 store it), y = Q8_1's s (f16 of d·Σq), z = Σq. */
@@ -690,12 +689,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* One-token MoE decode (gf_mvk_kernel): the gate/up product routes the
-     * token itself from its X router logits (route: NULL otherwise) by
-     * gf_topk, the groups its U choices in order; the grid's first block
-     * writes them to ids and sw for the down product. */
-    const float *route;
-    int route_x, route_u;
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -1087,69 +1080,6 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
         gf_mv_put(p, pt, g, 0, rr, sum);
 }
 
-/* ==== MoE routing ==== */
-#define GF_ROUTE_X 256   /* most experts a product routes itself (gf_mv.route) */
-#define GF_ROUTE_U 64    /* most experts a token uses (gpu_model_new checks) */
-
-/* A token's routing: the softmax of its X router logits, the U most
- * probable experts (ties to the lower index) into sel in order, their
- * probabilities into w; returns the divisor that renormalises those (their
- * sum, at least 2^-14). Every thread of the block calls it; pr is X floats
- * of shared memory, sel and w U each. Warp 0 alone forms the softmax (its
- * sums in a fixed order); then each thread ranks its experts among all X
- * at once, where picking the largest U times over would take U rounds of
- * warp reductions in series. */
-static __device__ float gf_topk(const float *logits, int X, int U, float *pr, int *sel, float *w)
-{
-    if (threadIdx.x < U)
-        sel[threadIdx.x] = 0, w[threadIdx.x] = 0.0f;   /* (what a NaN logit leaves unranked) */
-    if (threadIdx.x < GPU_WARP) {
-        int lane = threadIdx.x;
-        /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
-        for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
-            float v[GF_ACT_NV];
-#pragma unroll
-            for (int k = 0; k < GF_ACT_NV; k++)
-                v[k] = logits[min(e0 + k * GPU_WARP, X - 1)];
-#pragma unroll
-            for (int k = 0; k < GF_ACT_NV; k++)
-                if (e0 + k * GPU_WARP < X)
-                    pr[e0 + k * GPU_WARP] = v[k];
-        }
-        float mx = -INFINITY;
-        for (int e = lane; e < X; e += GPU_WARP)   /* (each lane reads back what it wrote) */
-            mx = fmaxf(mx, pr[e]);
-        mx = warp_max(mx);
-        double s = 0;
-        for (int e = lane; e < X; e += GPU_WARP) {
-            pr[e] = expf(pr[e] - mx);
-            s += (double)pr[e];
-        }
-        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
-            s += gpu_shfl_xor(s, m);
-        float inv = (float)(1.0 / s);
-        for (int e = lane; e < X; e += GPU_WARP)
-            pr[e] *= inv;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
-        float v = pr[e];
-        int r = 0;
-        for (int j = 0; j < X; j++) {
-            float o = pr[j];
-            r += o > v || (o == v && j < e);
-        }
-        if (r < U)
-            sel[r] = e, w[r] = v;
-    }
-    __syncthreads();
-    double wsum = 0;
-    for (int k = 0; k < U; k++)
-        wsum += (double)w[k];
-    float ws = (float)wsum;
-    return ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
-}
-
 /* ==== the Q4_K decode kernel: the activation held in registers ====
  * With int8 activations a matrix-vector product reads one activation byte
  * per weight (twice the bytes of a Q4_K weight) from L1; re-reading it for
@@ -1216,17 +1146,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
-    size_t eo;
-    if (p.route) {   /* (uniform: every thread of every block) */
-        __shared__ float pr[GF_ROUTE_X], rw[GF_ROUTE_U];
-        __shared__ int rs[GF_ROUTE_U];
-        float ws = gf_topk(p.route, p.route_x, p.route_u, pr, rs, rw);
-        eo = (size_t)rs[g] * p.estride;
-        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < p.route_u)
-            ((int32_t *)p.ids)[threadIdx.x] = rs[threadIdx.x], ((float *)p.sw)[threadIdx.x] = rw[threadIdx.x] / ws;
-    } else {
-        eo = gf_group_off(p, g);
-    }
+    size_t eo = gf_group_off(p, g);
 #pragma unroll
     for (int k = 0; k < UL; k++) {
         uw[k] = 1.0f;
@@ -1862,6 +1782,7 @@ static __device__ double gf_block_sum(double v)
  * blocks go where gq_act_at's layout bt puts them (gf_act_bt). */
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
+#define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
 /* Elements 4·i4.. of row `row` (v; ok: whether to store them) as f32 into
  * yf (unless NULL) and as int8 codes with their block's scale. The whole
@@ -2198,17 +2119,72 @@ __global__ void gf_qkv_kernel(gf_qkv p)
 
 /* ==== MoE: routing, weighted sum ==== */
 
-/* Each token's routing (gf_topk) into sel and selw (T, U). */
+/* A block per token: the softmax of its X router logits, the U most
+ * probable experts (ties to the lower index) into sel (T, U) in order,
+ * their probabilities renormalised (summed in double, the sum at least
+ * 2^-14) into selw. Warp 0 alone forms the softmax (its sums in a fixed
+ * order); then each thread ranks its experts among all X at once, where
+ * picking the largest U times over took U rounds of warp reductions in
+ * series. */
 #define GF_ROUTE_THREADS 128
 __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
                                                                     float *selw)
 {
     gf_pdl_begin();
-    extern __shared__ float pr[];   /* X, then U choices and U weights */
-    int t = blockIdx.x, *s = (int *)(pr + X);
-    float *w = pr + X + U, ws = gf_topk(router + (size_t)t * X, X, U, pr, s, w);
+    extern __shared__ float pr[];   /* X probabilities, then U choices and U weights */
+    int t = blockIdx.x, *ch = (int *)(pr + X);
+    float *w = pr + X + U;
     if (threadIdx.x < U)
-        sel[(size_t)t * U + threadIdx.x] = s[threadIdx.x], selw[(size_t)t * U + threadIdx.x] = w[threadIdx.x] / ws;
+        ch[threadIdx.x] = 0, w[threadIdx.x] = 0.0f;   /* (what a NaN logit leaves unranked) */
+    if (threadIdx.x < GPU_WARP) {
+        int lane = threadIdx.x;
+        const float *x = router + (size_t)t * X;
+        /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
+        for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
+            float v[GF_ACT_NV];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                v[k] = x[min(e0 + k * GPU_WARP, X - 1)];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                if (e0 + k * GPU_WARP < X)
+                    pr[e0 + k * GPU_WARP] = v[k];
+        }
+        float mx = -INFINITY;
+        for (int e = lane; e < X; e += GPU_WARP)   /* (each lane reads back what it wrote) */
+            mx = fmaxf(mx, pr[e]);
+        mx = warp_max(mx);
+        double s = 0;
+        for (int e = lane; e < X; e += GPU_WARP) {
+            pr[e] = expf(pr[e] - mx);
+            s += (double)pr[e];
+        }
+        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+            s += gpu_shfl_xor(s, m);
+        float inv = (float)(1.0 / s);
+        for (int e = lane; e < X; e += GPU_WARP)
+            pr[e] *= inv;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < X; e += blockDim.x) {
+        float v = pr[e];
+        int r = 0;
+        for (int j = 0; j < X; j++) {
+            float o = pr[j];
+            r += o > v || (o == v && j < e);
+        }
+        if (r < U)
+            ch[r] = e, w[r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < U) {
+        double wsum = 0;
+        for (int k = 0; k < U; k++)
+            wsum += (double)w[k];
+        float ws = (float)wsum;
+        ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
+        sel[(size_t)t * U + threadIdx.x] = ch[threadIdx.x], selw[(size_t)t * U + threadIdx.x] = w[threadIdx.x] / ws;
+    }
 }
 
 /* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
@@ -2921,18 +2897,15 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
 
 /* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
  * each stack w[k] by activation row i / a_div into y[k] + i*rows: the gate
- * and up stacks in one launch when they share type and shape. route: that
- * launch chooses sel itself (one-token decode, gf_mvk_kernel's formats). */
+ * and up stacks in one launch when they share type and shape. */
 static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w,
-                             const float *af, int a_div, int n_groups, int route, char *err, size_t errlen)
+                             const float *af, int a_div, int n_groups, char *err, size_t errlen)
 {
     for (int i = 0; i < n_w;) {
         gf_mv p;
         memset(&p, 0, sizeof p);
         p.ldw = w[i]->ldw, p.estride = w[i]->stride, p.n = w[i]->n;
         p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
-        if (route)   /* the one launch routes the token (gf_mv.route: gf_mvk_kernel) */
-            p.route = c->router, p.route_x = c->g->hp.n_expert, p.route_u = c->g->hp.n_expert_used, p.sw = c->selw;
         p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
         int j = i;
         for (; j < n_w && j - i < GF_PARTS && w[j]->type == w[i]->type && w[j]->n == w[i]->n &&
@@ -3124,16 +3097,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         GF_LAUNCH_CHECK(err, errlen);
     } else if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
-    /* one-token decode whose gate/up product is gf_mvk_kernel's: that product
-     * routes the token itself (STRATA_GPU_NO_ROUTE_FOLD=1: the route kernel,
-     * for comparisons) */
-    int UL, S, fold = T == 1 && X <= GF_ROUTE_X && ly->gate_exps.type == QT_Q4_K && ly->up_exps.type == QT_Q4_K &&
-                      gf_mvk_takes(QT_Q4_K, ly->gate_exps.n, &UL, &S) && !gf_env("STRATA_GPU_NO_ROUTE_FOLD");
-    if (!fold) {
-        gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, (size_t)(X + 2 * U) * sizeof(float), s,
-                  (const float *)c->router, X, U, c->sel, c->selw);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
+    gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, (size_t)(X + 2 * U) * sizeof(float), s, (const float *)c->router,
+              X, U, c->sel, c->selw);
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
@@ -3141,14 +3107,14 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     float *gu_y[2] = {c->gt, c->up};
     int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
-        if (gf_matmul_experts(c, gue, gu_y, 2, c->xn, U, T * U, fold, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        if (gf_matmul_experts(c, gue, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         summed = rc == 0;
         if (rc > 0)
-            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, 0, err, errlen);
+            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
     }
     if (rc < 0)
         return -1;

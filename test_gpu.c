@@ -674,8 +674,6 @@ static void tg_moe(void)
     if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
         return;
     tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_NORM_ROUTER");
-    /* the gate/up product routing the token itself (gf_topk in both) */
-    tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_ROUTE_FOLD");
     /* a 12-token prompt: the decode kernels with T = 12 */
     tg_random_model("qwen3moe-synth-Q4_K n_embd=256", path, 12);
     /* a prompt chunk whose T·U expert groups exceed one launch: a clear error naming the option */
