@@ -524,124 +524,25 @@ struct gf_iq4_xs {
     }
 };
 
-/* ==== the IQ2/IQ3 lattices (gpu_quant.h's grids and decoders): unit u is
- * sub-block u of 32, its grid magnitudes with their signs as int8 codes,
- * elements 4i..4i+3 in v[i] ==== */
+/* ==== the IQ2/IQ3 lattices: unit u is sub-block u of 32, its two halves'
+ * codes and scales from gpu_quant.h's gq_iq_half ==== */
 
-/* four grid magnitudes (the bytes of g, never 0) negated where bits 0..3
- * of s are set: -b is ~b + 1 in a byte, with no carry out of it */
-static __device__ __forceinline__ int gf_iq_signed(unsigned g, unsigned s)
+/* Σ code·activation over a sub-block: half h's codes v[h] against a[h] */
+static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[2][4], const int4 &a0, const int4 &a1)
 {
-    unsigned m = ((s & 15) * 0x00204081u & 0x01010101u) * 0xFFu;
-    return (int)((g ^ m) + (m & 0x01010101u));
-}
-
-/* eight magnitudes (lo, then hi) with the signs of s's 8 bits: codes 2l, 2l + 1 */
-static __device__ __forceinline__ void gf_iq_put8(int (&v)[8], int l, unsigned lo, unsigned hi, unsigned s)
-{
-    v[2 * l] = gf_iq_signed(lo, s);
-    v[2 * l + 1] = gf_iq_signed(hi, s >> 4);
-}
-
-/* Σ code·activation over a sub-block's halves: codes 0..15 against a0,
- * 16..31 against a1 */
-static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[8], const int4 &a0, const int4 &a1)
-{
-    int s0 = gpu_dp4a(v[0], a0.x, gpu_dp4a(v[1], a0.y, gpu_dp4a(v[2], a0.z, gpu_dp4a(v[3], a0.w, 0))));
-    int s1 = gpu_dp4a(v[4], a1.x, gpu_dp4a(v[5], a1.y, gpu_dp4a(v[6], a1.z, gpu_dp4a(v[7], a1.w, 0))));
+    int s0 = gpu_dp4a(v[0][0], a0.x, gpu_dp4a(v[0][1], a0.y, gpu_dp4a(v[0][2], a0.z, gpu_dp4a(v[0][3], a0.w, 0))));
+    int s1 = gpu_dp4a(v[1][0], a1.x, gpu_dp4a(v[1][1], a1.y, gpu_dp4a(v[1][2], a1.z, gpu_dp4a(v[1][3], a1.w, 0))));
     return make_int2(s0, s1);
 }
 
-/* Each lattice's sub-block decoder: sub(bx, sb, v, dl) gives sub-block sb
- * of the superblock at bx as codes v and the scales of its halves (one
- * scale but for IQ2_XS and IQ2_S). */
-
-/* IQ2_XXS: 8 bytes a sub-block at 2 + 8sb: four grid indices, then four
- * 7-bit sign fields and the scale in the top 4 bits */
-struct gf_iq2_xxs_d {
-    enum { SB = 66 };
-    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
-        unsigned idx = gf_ld32h(bx + 2 + 8 * sb), aux = gf_ld32h(bx + 6 + 8 * sb);
-        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.25f;
-        for (int l = 0; l < 4; l++) {
-            uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
-            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs((aux >> 7 * l) & 127));
-        }
-    }
-};
-
-/* IQ2_XS: four u16 a sub-block at 2 + 8sb (9-bit index, 7 sign bits), its
- * halves' scales in byte 66 + sb */
-struct gf_iq2_xs_d {
-    enum { SB = 74 };
-    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
-        float d = gf_h2f(gf_ld16(bx));
-        int sc = bx[66 + sb];
-        dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-        for (int l = 0; l < 4; l++) {
-            unsigned q = gf_ld16(bx + 2 + 8 * sb + 2 * l);
-            uint64_t g = iq2xs_grid[q & 511];
-            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs(q >> 9));
-        }
-    }
-};
-
-/* IQ2_S: index bytes at 2 + 4sb (their top two bits in byte 66 + sb), sign
- * bytes at 34 + 4sb, the halves' scales in byte 74 + sb */
-struct gf_iq2_s_d {
-    enum { SB = 82 };
-    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
-        float d = gf_h2f(gf_ld16(bx));
-        int sc = bx[74 + sb];
-        dl[0] = d * (0.5f + (float)(sc & 15)) * 0.25f, dl[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
-        unsigned idx = gf_ld32h(bx + 2 + 4 * sb), sg = gf_ld32h(bx + 34 + 4 * sb), qh = bx[66 + sb];
-        for (int l = 0; l < 4; l++) {
-            uint64_t g = iq2s_grid[((idx >> 8 * l) & 255) | ((qh >> (2 * l)) & 3) << 8];
-            gf_iq_put8(v, l, (unsigned)g, (unsigned)(g >> 32), sg >> 8 * l);
-        }
-    }
-};
-
-/* IQ3_XXS: 8 index bytes a sub-block at 2 + 8sb (a 4-element point each),
- * its sign fields and scale as IQ2_XXS's at 66 + 4sb */
-struct gf_iq3_xxs_d {
-    enum { SB = 98 };
-    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
-        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * sb), (unsigned)gf_ld32h(bx + 6 + 8 * sb)};
-        unsigned aux = gf_ld32h(bx + 66 + 4 * sb);
-        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (0.5f + (float)(aux >> 28)) * 0.5f;
-        for (int l = 0; l < 4; l++) {
-            unsigned w = q[l >> 1] >> 16 * (l & 1);
-            gf_iq_put8(v, l, iq3xxs_grid[w & 255], iq3xxs_grid[(w >> 8) & 255], gq_iq_signs((aux >> 7 * l) & 127));
-        }
-    }
-};
-
-/* IQ3_S: 8 index bytes at 2 + 8sb (their ninth bits in byte 66 + sb), sign
- * bytes at 74 + 4sb, the scale nibble sb % 2 of byte 106 + sb/2 */
-struct gf_iq3_s_d {
-    enum { SB = 110 };
-    static __device__ void sub(const uint8_t *bx, int sb, int (&v)[8], float (&dl)[2]) {
-        unsigned q[2] = {(unsigned)gf_ld32h(bx + 2 + 8 * sb), (unsigned)gf_ld32h(bx + 6 + 8 * sb)};
-        unsigned qh = bx[66 + sb], sg = gf_ld32h(bx + 74 + 4 * sb);
-        dl[0] = dl[1] = gf_h2f(gf_ld16(bx)) * (float)(1 + 2 * ((bx[106 + sb / 2] >> (4 * (sb & 1))) & 15));
-        for (int l = 0; l < 4; l++) {
-            unsigned w = q[l >> 1] >> 16 * (l & 1);
-            gf_iq_put8(v, l, iq3s_grid[(w & 255) | ((qh >> (2 * l)) & 1) << 8],
-                       iq3s_grid[((w >> 8) & 255) | ((qh >> (2 * l + 1)) & 1) << 8], sg >> 8 * l);
-        }
-    }
-};
-
-/* the unit struct of a lattice: one sub-block a unit */
-template <class D>
+template <int T>
 struct gf_iq {
-    enum { BLK = 256, BYTES = D::SB, UNITS = 8, FLOAT = 0 };
+    enum { BLK = 256, BYTES = gq_iq_bytes(T), UNITS = 8, FLOAT = 0 };
     float dl[2];
-    int v[8], u;
+    int v[2][4], u;
     __device__ void load(const uint8_t *bx, int unit) {
         u = unit;
-        D::sub(bx, unit, v, dl);
+        dl[0] = gq_iq_half<T>(bx, unit, 0, v[0]), dl[1] = gq_iq_half<T>(bx, unit, 1, v[1]);
     }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
         const int4 *a = (const int4 *)(aq + 32 * u);
@@ -649,11 +550,6 @@ struct gf_iq {
         return ads[u].x * (dl[0] * (float)s.x + dl[1] * (float)s.y);
     }
 };
-typedef gf_iq<gf_iq2_xxs_d> gf_iq2_xxs;
-typedef gf_iq<gf_iq2_xs_d> gf_iq2_xs;
-typedef gf_iq<gf_iq2_s_d> gf_iq2_s;
-typedef gf_iq<gf_iq3_xxs_d> gf_iq3_xxs;
-typedef gf_iq<gf_iq3_s_d> gf_iq3_s;
 
 /* ==== the matrix-vector kernel ==== */
 
@@ -1376,9 +1272,9 @@ struct gf_mvs_iq4_nl {
 
 /* the lattices: unit u is 64 columns from 64u (Q8_0's), sub-blocks
  * 2(u % 4) and 2(u % 4) + 1 of the superblock */
-template <class D>
+template <int T>
 struct gf_mvs_iq {
-    enum { SB = D::SB, UPS = 4 };
+    enum { SB = gq_iq_bytes(T), UPS = 4 };
     static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
     static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
                                 const int (&)[4])
@@ -1386,11 +1282,10 @@ struct gf_mvs_iq {
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
-            float dl[2];
-            int v[8];
-            D::sub(b, 2 * (u % 4) + k, v, dl);
+            int sb = 2 * (u % 4) + k, v[2][4];
+            float d0 = gq_iq_half<T>(b, sb, 0, v[0]), d1 = gq_iq_half<T>(b, sb, 1, v[1]);
             int2 s = gf_iq_dot(v, xa[2 * k], xa[2 * k + 1]);
-            sum += xd[2 * k] * (dl[0] * (float)s.x + dl[1] * (float)s.y);
+            sum += xd[2 * k] * (d0 * (float)s.x + d1 * (float)s.y);
         }
         return sum;
     }
@@ -1404,7 +1299,7 @@ template <> struct gf_mvs_of<gf_q2_K> { enum { OK = 1 }; typedef gf_mvs_q2_K G; 
 template <> struct gf_mvs_of<gf_q3_K> { enum { OK = 1 }; typedef gf_mvs_q3_K G; };
 template <> struct gf_mvs_of<gf_iq4_xs> { enum { OK = 1 }; typedef gf_mvs_iq4_xs G; };
 template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl G; };
-template <class D> struct gf_mvs_of<gf_iq<D> > { enum { OK = 1 }; typedef gf_mvs_iq<D> G; };
+template <int T> struct gf_mvs_of<gf_iq<T> > { enum { OK = 1 }; typedef gf_mvs_iq<T> G; };
 
 /* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
  * one more where unaligned; per lane */
@@ -2780,11 +2675,11 @@ static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_
     case QT_Q3_K: gf_mv_launch_t<gf_q3_K>(p, groups, nt, s); break;
     case QT_IQ4_NL: gf_mv_launch_t<gf_iq4_nl>(p, groups, nt, s); break;
     case QT_IQ4_XS: gf_mv_launch_t<gf_iq4_xs>(p, groups, nt, s); break;
-    case QT_IQ2_XXS: gf_mv_launch_t<gf_iq2_xxs>(p, groups, nt, s); break;
-    case QT_IQ2_XS: gf_mv_launch_t<gf_iq2_xs>(p, groups, nt, s); break;
-    case QT_IQ2_S: gf_mv_launch_t<gf_iq2_s>(p, groups, nt, s); break;
-    case QT_IQ3_XXS: gf_mv_launch_t<gf_iq3_xxs>(p, groups, nt, s); break;
-    case QT_IQ3_S: gf_mv_launch_t<gf_iq3_s>(p, groups, nt, s); break;
+    case QT_IQ2_XXS: gf_mv_launch_t<gf_iq<QT_IQ2_XXS> >(p, groups, nt, s); break;
+    case QT_IQ2_XS: gf_mv_launch_t<gf_iq<QT_IQ2_XS> >(p, groups, nt, s); break;
+    case QT_IQ2_S: gf_mv_launch_t<gf_iq<QT_IQ2_S> >(p, groups, nt, s); break;
+    case QT_IQ3_XXS: gf_mv_launch_t<gf_iq<QT_IQ3_XXS> >(p, groups, nt, s); break;
+    case QT_IQ3_S: gf_mv_launch_t<gf_iq<QT_IQ3_S> >(p, groups, nt, s); break;
     default:
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet (use --device cpu)",
                            gguf_type_name(type));

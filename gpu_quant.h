@@ -327,9 +327,9 @@ static __device__ __forceinline__ void gq_iq4_xs_16(const uint8_t *row, int i16,
 }
 
 /* ---- the IQ2/IQ3 lattices: grids of 8 (IQ2) or 4 (IQ3) magnitudes a
- * point, a sign bit an element, a 4-bit scale a 32 (a 16 for IQ2_XS/IQ2_S).
- * Piece i16 of a superblock is half h = i16 % 2 of sub-block ib = i16 % 16
- * / 2: its groups of 8 l = 2h and 2h + 1. ---- */
+ * point, a sign bit an element, a 4-bit scale a 32 (a 16 for IQ2_XS and
+ * IQ2_S). One decoder a format, gq_iq_half, serves gq_dequant16 and the
+ * decode kernels' int8 units (gpu.cu). ---- */
 #define QG_TABLE static __device__ const
 #include "quant_grids.h"
 #undef QG_TABLE
@@ -340,82 +340,91 @@ static __device__ __forceinline__ unsigned gq_iq_signs(unsigned i7)
     return i7 | (unsigned)(__popc(i7) & 1) << 7;
 }
 
-/* 8 grid magnitudes (the bytes of lo, then of hi) times db, signed by the
- * bits of signs: quant.c's iq_put8 */
-static __device__ __forceinline__ void gq_iq_put8(float *y, float db, unsigned lo, unsigned hi, unsigned signs)
+/* four grid magnitudes (the bytes of g, never 0) negated where bits 0..3
+ * of s are set: -m is ~m + 1 in a byte, with no carry out of it */
+static __device__ __forceinline__ int gq_iq_signed(unsigned g, unsigned s)
 {
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float v = db * gq_i2f(((j < 4 ? lo : hi) >> (8 * (j & 3))) & 255);
-        y[j] = (signs >> j) & 1 ? -v : v;
-    }
+    unsigned m = ((s & 15) * 0x00204081u & 0x01010101u) * 0xFFu;
+    return (int)((g ^ m) + (m & 0x01010101u));
 }
 
-static __device__ __forceinline__ void gq_iq2_xxs_16(const uint8_t *row, int i16, float *y)
+/* 2-byte-aligned loads (the lattices' blocks are of even size, their rows
+ * 2-aligned wherever they are read) */
+static __device__ __forceinline__ unsigned gq_iq_u32(const uint8_t *p)
 {
-    const uint8_t *b = row + 66 * (i16 >> 4), *q = b + 2 + 8 * ((i16 & 15) >> 1);
-    unsigned idx = gq_u16(q) | gq_u16(q + 2) << 16, aux = gq_u16(q + 4) | gq_u16(q + 6) << 16;
-    float db = gq_f16(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        int l = 2 * (i16 & 1) + k;
-        uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
-        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs((aux >> 7 * l) & 127));
-    }
+    return (unsigned)((const uint16_t *)p)[0] | (unsigned)((const uint16_t *)p)[1] << 16;
 }
 
-static __device__ __forceinline__ void gq_iq2_xs_16(const uint8_t *row, int i16, float *y)
+/* Half h of sub-block sb (elements 32sb + 16h .. + 15) of the superblock at
+ * b, type T: its 16 codes as signed bytes (elements 4i .. 4i+3 in q[i]),
+ * and the scale they take: scale · code is quant.c's value bit for bit (the
+ * sign of a product of floats is exact). Groups of 8 l = 2h, 2h + 1. */
+template <int T>
+static __device__ __forceinline__ float gq_iq_half(const uint8_t *b, int sb, int h, int (&q)[4])
 {
-    const uint8_t *b = row + 74 * (i16 >> 4);
-    int ib = (i16 & 15) >> 1, h = i16 & 1;
-    float db = gq_f16(b) * (0.5f + (float)((b[66 + ib] >> (4 * h)) & 15)) * 0.25f;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        unsigned q = gq_u16(b + 2 + 2 * (4 * ib + 2 * h + k));
-        uint64_t g = iq2xs_grid[q & 511];
-        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), gq_iq_signs(q >> 9));
+    float d = gq_f16(b);
+    if (T == QT_IQ2_XXS) {   /* 8 bytes at 2 + 8sb: four grid indices, then 7-bit sign fields and the scale */
+        unsigned idx = gq_iq_u32(b + 2 + 8 * sb), aux = gq_iq_u32(b + 6 + 8 * sb);
+        for (int k = 0; k < 2; k++) {
+            int l = 2 * h + k;
+            uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
+            unsigned sg = gq_iq_signs((aux >> 7 * l) & 127);
+            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
+        }
+        return d * (0.5f + (float)(aux >> 28)) * 0.25f;
     }
-}
-
-static __device__ __forceinline__ void gq_iq2_s_16(const uint8_t *row, int i16, float *y)
-{
-    const uint8_t *b = row + 82 * (i16 >> 4);
-    int ib = (i16 & 15) >> 1, h = i16 & 1;
-    float db = gq_f16(b) * (0.5f + (float)((b[74 + ib] >> (4 * h)) & 15)) * 0.25f;
-#pragma unroll
+    if (T == QT_IQ2_XS) {   /* u16 words at 2 + 8sb (9-bit index, 7 sign bits), the halves' scales at 66 + sb */
+        for (int k = 0; k < 2; k++) {
+            unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[2 * h + k];
+            uint64_t g = iq2xs_grid[w & 511];
+            unsigned sg = gq_iq_signs(w >> 9);
+            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
+        }
+        return d * (0.5f + (float)((b[66 + sb] >> (4 * h)) & 15)) * 0.25f;
+    }
+    if (T == QT_IQ2_S) {   /* index bytes at 2 + 4sb (top bits at 66 + sb), sign bytes at 34 + 4sb, scales at 74 + sb */
+        for (int k = 0; k < 2; k++) {
+            int l = 2 * h + k;
+            uint64_t g = iq2s_grid[b[2 + 4 * sb + l] | ((b[66 + sb] >> (2 * l)) & 3) << 8];
+            unsigned sg = b[34 + 4 * sb + l];
+            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
+        }
+        return d * (0.5f + (float)((b[74 + sb] >> (4 * h)) & 15)) * 0.25f;
+    }
+    if (T == QT_IQ3_XXS) {   /* index bytes at 2 + 8sb (4-element points), IQ2_XXS's sign fields and scale at 66 + 4sb */
+        unsigned aux = gq_iq_u32(b + 66 + 4 * sb), w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
+        for (int k = 0; k < 2; k++) {
+            unsigned sg = gq_iq_signs((aux >> 7 * (2 * h + k)) & 127), wk = w >> 16 * k;
+            q[2 * k] = gq_iq_signed(iq3xxs_grid[wk & 255], sg);
+            q[2 * k + 1] = gq_iq_signed(iq3xxs_grid[(wk >> 8) & 255], sg >> 4);
+        }
+        return d * (0.5f + (float)(aux >> 28)) * 0.5f;
+    }
+    /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
+    unsigned qh = b[66 + sb], w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
     for (int k = 0; k < 2; k++) {
         int l = 2 * h + k;
-        uint64_t g = iq2s_grid[b[2 + 4 * ib + l] | ((b[66 + ib] >> (2 * l)) & 3) << 8];
-        gq_iq_put8(y + 8 * k, db, (unsigned)g, (unsigned)(g >> 32), b[34 + 4 * ib + l]);
+        unsigned sg = b[74 + 4 * sb + l], wk = w >> 16 * k;
+        q[2 * k] = gq_iq_signed(iq3s_grid[(wk & 255) | ((qh >> (2 * l)) & 1) << 8], sg);
+        q[2 * k + 1] = gq_iq_signed(iq3s_grid[((wk >> 8) & 255) | ((qh >> (2 * l + 1)) & 1) << 8], sg >> 4);
     }
+    return d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
 }
 
-static __device__ __forceinline__ void gq_iq3_xxs_16(const uint8_t *row, int i16, float *y)
+/* bytes of a lattice superblock (quant.c's blk_iq* sizes) */
+static __host__ __device__ constexpr int gq_iq_bytes(int t)
 {
-    int ib = (i16 & 15) >> 1;
-    const uint8_t *b = row + 98 * (i16 >> 4), *q = b + 2 + 8 * ib, *a = b + 66 + 4 * ib;
-    unsigned aux = gq_u16(a) | gq_u16(a + 2) << 16;
-    float db = gq_f16(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        int l = 2 * (i16 & 1) + k;
-        gq_iq_put8(y + 8 * k, db, iq3xxs_grid[q[2 * l]], iq3xxs_grid[q[2 * l + 1]],
-                   gq_iq_signs((aux >> 7 * l) & 127));
-    }
+    return t == QT_IQ2_XXS ? 66 : t == QT_IQ2_XS ? 74 : t == QT_IQ2_S ? 82 : t == QT_IQ3_XXS ? 98 : 110;
 }
 
-static __device__ __forceinline__ void gq_iq3_s_16(const uint8_t *row, int i16, float *y)
+template <int T>
+static __device__ __forceinline__ void gq_iq_16(const uint8_t *row, int i16, float *y)
 {
-    int ib = (i16 & 15) >> 1;
-    const uint8_t *b = row + 110 * (i16 >> 4), *q = b + 2 + 8 * ib;
-    float db = gq_f16(b) * (float)(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib & 1))) & 15));
-    unsigned qh = b[66 + ib];
+    int q[4];
+    float d = gq_iq_half<T>(row + gq_iq_bytes(T) * (i16 >> 4), (i16 & 15) >> 1, i16 & 1, q);
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
-        int l = 2 * (i16 & 1) + k;
-        gq_iq_put8(y + 8 * k, db, iq3s_grid[q[2 * l] | ((qh >> (2 * l)) & 1) << 8],
-                   iq3s_grid[q[2 * l + 1] | ((qh >> (2 * l + 1)) & 1) << 8], b[74 + 4 * ib + l]);
-    }
+    for (int j = 0; j < 16; j++)
+        y[j] = d * gq_i2f((signed char)(q[j >> 2] >> (8 * (j & 3))));
 }
 
 /* Elements 16*i16 .. 16*i16+15 of a row of block type `type` (gq_supported)
@@ -452,11 +461,11 @@ static __device__ __forceinline__ void gq_dequant16_al(int type, const uint8_t *
     case QT_Q8_K: gq_q8_K_16<RA>(row, i16, out); break;
     case QT_IQ4_NL: gq_nib18_16<RA, true>(row, i16, out); break;
     case QT_IQ4_XS: gq_iq4_xs_16<RA>(row, i16, out); break;
-    case QT_IQ2_XXS: gq_iq2_xxs_16(row, i16, out); break;
-    case QT_IQ2_XS: gq_iq2_xs_16(row, i16, out); break;
-    case QT_IQ2_S: gq_iq2_s_16(row, i16, out); break;
-    case QT_IQ3_XXS: gq_iq3_xxs_16(row, i16, out); break;
-    case QT_IQ3_S: gq_iq3_s_16(row, i16, out); break;
+    case QT_IQ2_XXS: gq_iq_16<QT_IQ2_XXS>(row, i16, out); break;
+    case QT_IQ2_XS: gq_iq_16<QT_IQ2_XS>(row, i16, out); break;
+    case QT_IQ2_S: gq_iq_16<QT_IQ2_S>(row, i16, out); break;
+    case QT_IQ3_XXS: gq_iq_16<QT_IQ3_XXS>(row, i16, out); break;
+    case QT_IQ3_S: gq_iq_16<QT_IQ3_S>(row, i16, out); break;
     default:
 #pragma unroll
         for (int j = 0; j < 16; j++)
