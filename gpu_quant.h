@@ -383,10 +383,11 @@ static __device__ __forceinline__ float gq_iq_half(const uint8_t *b, int sb, int
         return d * (0.5f + (float)((b[66 + sb] >> (4 * h)) & 15)) * 0.25f;
     }
     if (T == QT_IQ2_S) {   /* index bytes at 2 + 4sb (top bits at 66 + sb), sign bytes at 34 + 4sb, scales at 74 + sb */
+        unsigned idx = ((const uint16_t *)(b + 2 + 4 * sb))[h], sg2 = ((const uint16_t *)(b + 34 + 4 * sb))[h];
+        unsigned qh = b[66 + sb] >> 4 * h;
         for (int k = 0; k < 2; k++) {
-            int l = 2 * h + k;
-            uint64_t g = iq2s_grid[b[2 + 4 * sb + l] | ((b[66 + sb] >> (2 * l)) & 3) << 8];
-            unsigned sg = b[34 + 4 * sb + l];
+            uint64_t g = iq2s_grid[((idx >> 8 * k) & 255) | ((qh >> (2 * k)) & 3) << 8];
+            unsigned sg = sg2 >> 8 * k;
             q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
         }
         return d * (0.5f + (float)((b[74 + sb] >> (4 * h)) & 15)) * 0.25f;
@@ -401,12 +402,12 @@ static __device__ __forceinline__ float gq_iq_half(const uint8_t *b, int sb, int
         return d * (0.5f + (float)(aux >> 28)) * 0.5f;
     }
     /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
-    unsigned qh = b[66 + sb], w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
+    unsigned qh = b[66 + sb] >> 4 * h, w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
+    unsigned sg2 = ((const uint16_t *)(b + 74 + 4 * sb))[h];
     for (int k = 0; k < 2; k++) {
-        int l = 2 * h + k;
-        unsigned sg = b[74 + 4 * sb + l], wk = w >> 16 * k;
-        q[2 * k] = gq_iq_signed(iq3s_grid[(wk & 255) | ((qh >> (2 * l)) & 1) << 8], sg);
-        q[2 * k + 1] = gq_iq_signed(iq3s_grid[((wk >> 8) & 255) | ((qh >> (2 * l + 1)) & 1) << 8], sg >> 4);
+        unsigned sg = sg2 >> 8 * k, wk = w >> 16 * k;
+        q[2 * k] = gq_iq_signed(iq3s_grid[(wk & 255) | ((qh >> (2 * k)) & 1) << 8], sg);
+        q[2 * k + 1] = gq_iq_signed(iq3s_grid[((wk >> 8) & 255) | ((qh >> (2 * k + 1)) & 1) << 8], sg >> 4);
     }
     return d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
 }
