@@ -2027,12 +2027,12 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
 {
     gf_pdl_begin();
     extern __shared__ float pr[];   /* X probabilities, then U choices and U weights */
-    int t = blockIdx.x, *ch = (int *)(pr + X);
+    int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
     float *w = pr + X + U;
-    if (threadIdx.x < U)
-        ch[threadIdx.x] = 0, w[threadIdx.x] = 0.0f;   /* (what a NaN logit leaves unranked) */
-    if (threadIdx.x < GPU_WARP) {
-        int lane = threadIdx.x;
+    if (tid < U)
+        ch[tid] = 0, w[tid] = 0.0f;   /* (what a NaN logit leaves unranked) */
+    if (tid < GPU_WARP) {
+        int lane = tid;
         const float *x = router + (size_t)t * X;
         /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
         for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
@@ -2061,7 +2061,7 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
             pr[e] *= inv;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
+    for (int e = tid; e < X; e += blockDim.x) {
         float v = pr[e];
         int r = 0;
         for (int j = 0; j < X; j++) {
@@ -2072,13 +2072,13 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
             ch[r] = e, w[r] = v;
     }
     __syncthreads();
-    if (threadIdx.x < U) {
+    if (tid < U) {
         double wsum = 0;
         for (int k = 0; k < U; k++)
             wsum += (double)w[k];
         float ws = (float)wsum;
         ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
-        sel[(size_t)t * U + threadIdx.x] = ch[threadIdx.x], selw[(size_t)t * U + threadIdx.x] = w[threadIdx.x] / ws;
+        sel[(size_t)t * U + tid] = ch[tid], selw[(size_t)t * U + tid] = w[tid] / ws;
     }
 }
 
