@@ -5,12 +5,12 @@
  *
  * Weights are quantised by quant.c's own quantisers (the IQ2/IQ3 lattice
  * types, which have none, get random codes: quant_lattice_row) and streamed
- * to the file one row at a time: no float copy of a tensor is ever held. To keep writing
- * a 30 GB model fast, each tensor quantises a bank of random rows (at most
- * SYNTH_BANK rows and SYNTH_BANK_ELEMS elements, at least 16 rows: the K-quant
- * quantisers search scales and cost ~100 ns an element) and writes its rows
- * by drawing from that bank (every byte is still a real block of the type;
- * the values only matter for speed measurements).
+ * to the file one row at a time: no float copy of a tensor is ever held. To
+ * keep writing a 30 GB model fast, each tensor quantises a bank of random
+ * rows (at most SYNTH_BANK rows and SYNTH_BANK_ELEMS elements, at least 16
+ * rows: the K-quant quantisers search scales and cost ~100 ns an element)
+ * and writes its rows by drawing from that bank (every byte is still a real
+ * block of the type; the values only matter for speed measurements).
  * The numbers it writes are meaningless: never use these files for quality.
  */
 #include "strata.h"

@@ -199,7 +199,7 @@ static void tg_dequant(void)
                 gguf_close(&g);
             }
         }
-        /* fresh blocks from quant.c's quantiser, odd row count */
+        /* fresh blocks (quant.c's quantiser; random codes for the lattices), odd row count */
         uint8_t *w;
         size_t ldw;
         float *deq;
@@ -216,7 +216,7 @@ static void tg_dequant(void)
         free(w);
         free(deq);
     }
-    printf("  gq_dequant16 bit-exact: %d/%d types on fresh quantiser blocks, %d golden files\n", fresh,
+    printf("  gq_dequant16 bit-exact: %d/%d types on fresh blocks, %d golden files\n", fresh,
            TG_NTYPES, golden);
 }
 

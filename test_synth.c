@@ -2,7 +2,8 @@
  * test_synth.c — tests of synth.c: a written model has exactly the declared
  * shape (metadata and tensor table checked key by key against the request),
  * its tokenizer is the vocabulary file's, every weight dequantises into the
- * range it was drawn from, and bad requests are refused with a message.
+ * range it was drawn from (the IQ2/IQ3 lattices' random codes too), and bad
+ * requests are refused with a message.
  */
 #include "strata.h"
 #include "test.h"
@@ -181,9 +182,65 @@ static void case_q4_k_m(void)
     gguf_close(&r);
 }
 
+/* The IQ2/IQ3 lattices have no quantiser: synth writes them from random
+ * codes (quant_lattice_row), each row's largest magnitude the half-width
+ * it asks for (to f16's rounding of the block scale), and the model runs. */
+static void case_lattice(void)
+{
+    if (!test_begin("synth/lattice IQ2/IQ3 models from random codes: widths, and a CPU eval"))
+        return;
+    static const int types[] = {QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S};
+    char err[512];
+    uint8_t blk[110] = {0};
+    CHECK(quant_lattice_row(QT_Q4_K, blk, 256, 1.0f) == -1 && quant_lattice_row(QT_IQ2_S, blk, 100, 1.0f) == -1,
+          "quant_lattice_row took a type with a quantiser, or a width not of 256s");
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        const char *name = quant_type(types[i])->name;
+        const char *args[] = {"--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=1", "--set", "n_head=2",
+                              "--set", "head_dim=128", "--set", "n_ff=512", "--set", "n_vocab=300", "--type",
+                              name, "-o", TMP_SYNTH};
+        if (!CHECK(run_synth(args, 18, err, sizeof err) == 0, "synth %s: %s", name, err))
+            continue;
+        struct model *m = NULL;
+        if (!CHECK(model_load(&m, TMP_SYNTH, err, sizeof err) == 0, "%s: %s", name, err))
+            continue;
+        /* attn_q: rows of 256 drawn at half-width 1.7/sqrt(256) */
+        const struct gguf_tensor *t = gguf_tensor(model_gguf(m), "blk.0.attn_q.weight");
+        if (CHECK(t && t->type == types[i], "%s: attn_q missing or of another type", name)) {
+            int64_t n = t->ne[0], rows = t->ne[1];
+            float *f = malloc((size_t)n * sizeof *f), h = 1.7f / 16, lo = h, hi = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                quant_type(t->type)->to_f32((const uint8_t *)t->data + r * quant_row_bytes(t->type, n), f, n);
+                float mx = 0;
+                for (int64_t k = 0; k < n; k++)
+                    mx = fmaxf(mx, fabsf(f[k]));
+                lo = fminf(lo, mx), hi = fmaxf(hi, mx);
+            }
+            free(f);
+            CHECK(lo >= h * 0.999f && hi <= h * 1.001f, "%s: row maxima %g..%g, asked %g", name, lo, hi, h);
+        }
+        struct model_opts o = model_opts_default();
+        o.n_ctx = 64, o.device = MODEL_DEV_CPU;
+        struct model_ctx *c = NULL;
+        int32_t ids[4] = {1, 2, 3, 4};
+        float *lg = malloc(sizeof(float) * 300);
+        if (CHECK(model_ctx_new(&c, m, &o, NULL, err, sizeof err) == 0, "%s: %s", name, err)) {
+            int ok = model_eval(c, 0, ids, 4, 0, lg, 0, err, sizeof err) == 0;
+            for (int k = 0; ok && k < 300; k++)
+                ok = isfinite(lg[k]);
+            CHECK(ok, "%s: eval %s", name, err);
+        }
+        free(lg);
+        model_ctx_free(c);
+        model_free(m);
+    }
+    remove(TMP_SYNTH);
+}
+
 void test_synth(void)
 {
     case_q4_k_m();
+    case_lattice();
     case_moe_shape();
     case_bad_requests();
 }
