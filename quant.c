@@ -1689,8 +1689,16 @@ static void ksb_iq4_xs(const void *vx, struct ksb *k)
  * constant factor (1/8 for IQ2, 1/4 for IQ3_XXS) folded into d. */
 static inline void ksb_iq_put8(uint8_t *u, const uint8_t *mag, uint8_t signs)
 {
+#ifdef QUANT_AVX2
+    /* sign bit j to a mask in byte j; (v ^ m) - m negates where it is set */
+    const __m128i bit = _mm_set1_epi64x(0x8040201008040201ll);
+    __m128i m = _mm_cmpeq_epi8(_mm_and_si128(_mm_set1_epi8((char)signs), bit), bit);
+    __m128i v = _mm_sub_epi8(_mm_xor_si128(_mm_loadl_epi64((const __m128i *)mag), m), m);
+    _mm_storel_epi64((__m128i *)u, _mm_add_epi8(v, _mm_set1_epi8((char)128)));
+#else
     for (int j = 0; j < 8; j++)
         u[j] = (uint8_t)(128 + ((signs >> j) & 1 ? -mag[j] : mag[j]));
+#endif
 }
 
 static void ksb_iq_common(struct ksb *k, float d, float factor)
