@@ -203,10 +203,7 @@ static const int8_t kvalues_iq4nl[16] = {
 /* IQ2/IQ3 sign bytes: 7 stored bits, the 8th makes the count of set bits even. */
 static inline uint8_t iq_signs(unsigned i7)
 {
-    unsigned p = i7 ^ (i7 >> 4);
-    p ^= p >> 2;
-    p ^= p >> 1;
-    return (uint8_t)(i7 | (p & 1) << 7);
+    return (uint8_t)(i7 | (unsigned)__builtin_parity(i7) << 7);
 }
 
 /* ==== float types: F32, F16, BF16 ==== */
@@ -2110,11 +2107,110 @@ static void dot_q6_K_avx2(int n, float *s, const void *vw, const void *va)
 KSB_DOT(q2_K, avx2, ksb_dot_avx2)
 KSB_DOT(q3_K, avx2, ksb_dot_avx2)
 KSB_DOT(iq4_xs, avx2, ksb_dot_avx2)
-KSB_DOT(iq2_xxs, avx2, ksb_dot_avx2)
-KSB_DOT(iq2_xs, avx2, ksb_dot_avx2)
-KSB_DOT(iq2_s, avx2, ksb_dot_avx2)
-KSB_DOT(iq3_xxs, avx2, ksb_dot_avx2)
-KSB_DOT(iq3_s, avx2, ksb_dot_avx2)
+
+/* ---- fused IQ2/IQ3 dots: a sub-block's grid magnitudes (unsigned bytes)
+ * meet the activation with the weights' signs put on it (sign_epi8: Q8_K's
+ * codes lie in -127..127), maddubs makes pair sums (at most 2 * 62 * 127),
+ * madd weighs them by the integer scale 2s + 1 (for each 16 of IQ2_XS and
+ * IQ2_S); the constant factor of each type (1/8, 1/4, 1) rides on d ---- */
+
+/* byte j: -1 where bit j of s is set, else 1 */
+static inline __m256i iq_signs256(uint32_t s)
+{
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll, 0x0101010101010101ll, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s), spread);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit), _mm256_set1_epi8(1));
+}
+
+/* Σ mag·sign·a over a sub-block, as 8 int32 lanes (4-7: the second 16), scaled by sc */
+static inline __m256i iq_dot32(__m256i mag, uint32_t signs, const int8_t *qa, __m256i sc)
+{
+    __m256i pr = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(load256(qa), iq_signs256(signs)));
+    return _mm256_madd_epi16(pr, sc);
+}
+
+/* 4 IQ2 grid points (8 bytes each) as a vector */
+static inline __m256i iq_grid2(const uint64_t *g, unsigned i0, unsigned i1, unsigned i2, unsigned i3)
+{
+    return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
+}
+
+#define IQ_DOT_BEGIN(type)                                                          \
+    static void dot_##type##_avx2(int n, float *s, const void *vw, const void *va)  \
+    {                                                                               \
+        const blk_##type *w = vw;                                                   \
+        const blk_q8_K *a = va;                                                     \
+        __m256 acc = _mm256_setzero_ps();                                           \
+        for (int i = 0; i < n / QK; i++) {                                          \
+            const blk_##type *x = &w[i];                                            \
+            const int8_t *qa = a[i].qs;                                             \
+            __m256i isum = _mm256_setzero_si256();                                  \
+            for (int ib = 0; ib < 8; ib++, qa += 32) {
+#define IQ_DOT_END(factor)                                                                                 \
+            }                                                                                              \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(w[i].d) * (factor)), _mm256_cvtepi32_ps(isum), \
+                                  acc);                                                                    \
+        }                                                                                                  \
+        *s = hsum256(acc);                                                                                 \
+    }
+
+IQ_DOT_BEGIN(iq2_xxs)
+    uint32_t idx = x->qs[4 * ib] | (uint32_t)x->qs[4 * ib + 1] << 16;
+    uint32_t aux = x->qs[4 * ib + 2] | (uint32_t)x->qs[4 * ib + 3] << 16;
+    uint32_t sg = 0;
+    for (int l = 0; l < 4; l++)
+        sg |= (uint32_t)iq_signs((aux >> 7 * l) & 127) << 8 * l;
+    __m256i mag = iq_grid2(iq2xxs_grid, idx & 255, idx >> 8 & 255, idx >> 16 & 255, idx >> 24);
+    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1))));
+IQ_DOT_END(0.125f)
+
+IQ_DOT_BEGIN(iq2_xs)
+    const uint16_t *q = x->qs + 4 * ib;
+    uint32_t sg = 0;
+    for (int l = 0; l < 4; l++)
+        sg |= (uint32_t)iq_signs(q[l] >> 9) << 8 * l;
+    __m256i mag = iq_grid2(iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
+    int sc = x->scales[ib];
+    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
+IQ_DOT_END(0.125f)
+
+IQ_DOT_BEGIN(iq2_s)
+    const uint8_t *q = x->qs + 4 * ib;
+    unsigned qh = x->qh[ib];
+    uint32_t sg;
+    memcpy(&sg, x->qs + 32 + 4 * ib, 4);
+    __m256i mag = iq_grid2(iq2s_grid, q[0] | (qh & 3) << 8, q[1] | (qh >> 2 & 3) << 8, q[2] | (qh >> 4 & 3) << 8,
+                           q[3] | (qh >> 6 & 3) << 8);
+    int sc = x->scales[ib];
+    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
+IQ_DOT_END(0.125f)
+
+IQ_DOT_BEGIN(iq3_xxs)
+    const uint8_t *q = x->qs + 8 * ib;
+    uint32_t aux, sg = 0;
+    memcpy(&aux, x->qs + 64 + 4 * ib, 4);
+    for (int l = 0; l < 4; l++)
+        sg |= (uint32_t)iq_signs((aux >> 7 * l) & 127) << 8 * l;
+    const uint32_t *g = iq3xxs_grid;
+    __m256i mag = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]], (int)g[q[3]],
+                                   (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
+    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1))));
+IQ_DOT_END(0.25f)
+
+IQ_DOT_BEGIN(iq3_s)
+    const uint8_t *q = x->qs + 8 * ib;
+    unsigned qh = x->qh[ib];
+    uint32_t sg;
+    memcpy(&sg, x->signs + 4 * ib, 4);
+    const uint32_t *g = iq3s_grid;
+    __m256i mag = _mm256_set_epi32((int)g[q[7] | (qh >> 7 & 1) << 8], (int)g[q[6] | (qh >> 6 & 1) << 8],
+                                   (int)g[q[5] | (qh >> 5 & 1) << 8], (int)g[q[4] | (qh >> 4 & 1) << 8],
+                                   (int)g[q[3] | (qh >> 3 & 1) << 8], (int)g[q[2] | (qh >> 2 & 1) << 8],
+                                   (int)g[q[1] | (qh >> 1 & 1) << 8], (int)g[q[0] | (qh & 1) << 8]);
+    int sc = (x->scales[ib / 2] >> (4 * (ib % 2))) & 15;
+    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * sc + 1))));
+IQ_DOT_END(1.0f)
 
 static void dot_f32_avx2(int n, float *s, const void *vw, const void *va)
 {
