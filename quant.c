@@ -2136,46 +2136,31 @@ static inline __m256i iq_grid2(const uint64_t *g, unsigned i0, unsigned i1, unsi
     return _mm256_set_epi64x((long long)g[i3], (long long)g[i2], (long long)g[i1], (long long)g[i0]);
 }
 
-#define IQ_DOT_BEGIN(type)                                                          \
-    static void dot_##type##_avx2(int n, float *s, const void *vw, const void *va)  \
-    {                                                                               \
-        const blk_##type *w = vw;                                                   \
-        const blk_q8_K *a = va;                                                     \
-        __m256 acc = _mm256_setzero_ps();                                           \
-        for (int i = 0; i < n / QK; i++) {                                          \
-            const blk_##type *x = &w[i];                                            \
-            const int8_t *qa = a[i].qs;                                             \
-            __m256i isum = _mm256_setzero_si256();                                  \
-            for (int ib = 0; ib < 8; ib++, qa += 32) {
-#define IQ_DOT_END(factor)                                                                                 \
-            }                                                                                              \
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(w[i].d) * (factor)), _mm256_cvtepi32_ps(isum), \
-                                  acc);                                                                    \
-        }                                                                                                  \
-        *s = hsum256(acc);                                                                                 \
-    }
-
-IQ_DOT_BEGIN(iq2_xxs)
+/* Sub-block ib of a superblock against its 32 activation codes qa, for each
+ * lattice: the scaled sums as 8 int32 lanes. */
+static inline __m256i iq_sub_iq2_xxs(const blk_iq2_xxs *x, int ib, const int8_t *qa)
+{
     uint32_t idx = x->qs[4 * ib] | (uint32_t)x->qs[4 * ib + 1] << 16;
-    uint32_t aux = x->qs[4 * ib + 2] | (uint32_t)x->qs[4 * ib + 3] << 16;
-    uint32_t sg = 0;
+    uint32_t aux = x->qs[4 * ib + 2] | (uint32_t)x->qs[4 * ib + 3] << 16, sg = 0;
     for (int l = 0; l < 4; l++)
         sg |= (uint32_t)iq_signs((aux >> 7 * l) & 127) << 8 * l;
     __m256i mag = iq_grid2(iq2xxs_grid, idx & 255, idx >> 8 & 255, idx >> 16 & 255, idx >> 24);
-    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1))));
-IQ_DOT_END(0.125f)
+    return iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1)));
+}
 
-IQ_DOT_BEGIN(iq2_xs)
+static inline __m256i iq_sub_iq2_xs(const blk_iq2_xs *x, int ib, const int8_t *qa)
+{
     const uint16_t *q = x->qs + 4 * ib;
     uint32_t sg = 0;
     for (int l = 0; l < 4; l++)
         sg |= (uint32_t)iq_signs(q[l] >> 9) << 8 * l;
     __m256i mag = iq_grid2(iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
     int sc = x->scales[ib];
-    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
-IQ_DOT_END(0.125f)
+    return iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
+}
 
-IQ_DOT_BEGIN(iq2_s)
+static inline __m256i iq_sub_iq2_s(const blk_iq2_s *x, int ib, const int8_t *qa)
+{
     const uint8_t *q = x->qs + 4 * ib;
     unsigned qh = x->qh[ib];
     uint32_t sg;
@@ -2183,34 +2168,58 @@ IQ_DOT_BEGIN(iq2_s)
     __m256i mag = iq_grid2(iq2s_grid, q[0] | (qh & 3) << 8, q[1] | (qh >> 2 & 3) << 8, q[2] | (qh >> 4 & 3) << 8,
                            q[3] | (qh >> 6 & 3) << 8);
     int sc = x->scales[ib];
-    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
-IQ_DOT_END(0.125f)
+    return iq_dot32(mag, sg, qa, two_scales(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
+}
 
-IQ_DOT_BEGIN(iq3_xxs)
+static inline __m256i iq_sub_iq3_xxs(const blk_iq3_xxs *x, int ib, const int8_t *qa)
+{
     const uint8_t *q = x->qs + 8 * ib;
+    const uint32_t *g = iq3xxs_grid;
     uint32_t aux, sg = 0;
     memcpy(&aux, x->qs + 64 + 4 * ib, 4);
     for (int l = 0; l < 4; l++)
         sg |= (uint32_t)iq_signs((aux >> 7 * l) & 127) << 8 * l;
-    const uint32_t *g = iq3xxs_grid;
     __m256i mag = _mm256_set_epi32((int)g[q[7]], (int)g[q[6]], (int)g[q[5]], (int)g[q[4]], (int)g[q[3]],
                                    (int)g[q[2]], (int)g[q[1]], (int)g[q[0]]);
-    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1))));
-IQ_DOT_END(0.25f)
+    return iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * (aux >> 28) + 1)));
+}
 
-IQ_DOT_BEGIN(iq3_s)
+static inline __m256i iq_sub_iq3_s(const blk_iq3_s *x, int ib, const int8_t *qa)
+{
     const uint8_t *q = x->qs + 8 * ib;
+    const uint32_t *g = iq3s_grid;
     unsigned qh = x->qh[ib];
     uint32_t sg;
     memcpy(&sg, x->signs + 4 * ib, 4);
-    const uint32_t *g = iq3s_grid;
     __m256i mag = _mm256_set_epi32((int)g[q[7] | (qh >> 7 & 1) << 8], (int)g[q[6] | (qh >> 6 & 1) << 8],
                                    (int)g[q[5] | (qh >> 5 & 1) << 8], (int)g[q[4] | (qh >> 4 & 1) << 8],
                                    (int)g[q[3] | (qh >> 3 & 1) << 8], (int)g[q[2] | (qh >> 2 & 1) << 8],
                                    (int)g[q[1] | (qh >> 1 & 1) << 8], (int)g[q[0] | (qh & 1) << 8]);
     int sc = (x->scales[ib / 2] >> (4 * (ib % 2))) & 15;
-    isum = _mm256_add_epi32(isum, iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * sc + 1))));
-IQ_DOT_END(1.0f)
+    return iq_dot32(mag, sg, qa, _mm256_set1_epi16((short)(2 * sc + 1)));
+}
+
+/* dot_<type>_avx2: the sub-blocks' sums, times d · the type's factor */
+#define IQ_DOT(type, factor)                                                                                    \
+    static void dot_##type##_avx2(int n, float *s, const void *vw, const void *va)                             \
+    {                                                                                                          \
+        const blk_##type *w = vw;                                                                              \
+        const blk_q8_K *a = va;                                                                                \
+        __m256 acc = _mm256_setzero_ps();                                                                      \
+        for (int i = 0; i < n / QK; i++) {                                                                     \
+            __m256i isum = _mm256_setzero_si256();                                                             \
+            for (int ib = 0; ib < 8; ib++)                                                                     \
+                isum = _mm256_add_epi32(isum, iq_sub_##type(&w[i], ib, a[i].qs + 32 * ib));                    \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(w[i].d) * (factor)), _mm256_cvtepi32_ps(isum), \
+                                  acc);                                                                        \
+        }                                                                                                      \
+        *s = hsum256(acc);                                                                                     \
+    }
+IQ_DOT(iq2_xxs, 0.125f)
+IQ_DOT(iq2_xs, 0.125f)
+IQ_DOT(iq2_s, 0.125f)
+IQ_DOT(iq3_xxs, 0.25f)
+IQ_DOT(iq3_s, 1.0f)
 
 static void dot_f32_avx2(int n, float *s, const void *vw, const void *va)
 {
