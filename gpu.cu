@@ -526,28 +526,24 @@ struct gf_iq4_xs {
 
 /* ==== the IQ2/IQ3 lattices: unit u is sub-block u of 32, its two halves'
  * codes and scales from gpu_quant.h's gq_iq_half ==== */
-
-/* Σ code·activation over a sub-block: half h's codes v[h] against a[h] */
-static __device__ __forceinline__ int2 gf_iq_dot(const int (&v)[2][4], const int4 &a0, const int4 &a1)
-{
-    int s0 = gpu_dp4a(v[0][0], a0.x, gpu_dp4a(v[0][1], a0.y, gpu_dp4a(v[0][2], a0.z, gpu_dp4a(v[0][3], a0.w, 0))));
-    int s1 = gpu_dp4a(v[1][0], a1.x, gpu_dp4a(v[1][1], a1.y, gpu_dp4a(v[1][2], a1.z, gpu_dp4a(v[1][3], a1.w, 0))));
-    return make_int2(s0, s1);
-}
-
 template <int T>
 struct gf_iq {
-    enum { BLK = 256, BYTES = gq_iq_bytes(T), UNITS = 8, FLOAT = 0 };
+    enum { BLK = 256, BYTES = gq_bsize(T), UNITS = 8, FLOAT = 0 };
     float dl[2];
     int v[2][4], u;
     __device__ void load(const uint8_t *bx, int unit) {
         u = unit;
         dl[0] = gq_iq_half<T>(bx, unit, 0, v[0]), dl[1] = gq_iq_half<T>(bx, unit, 1, v[1]);
     }
+    /* Σ scale·code·a, half h's codes against the activation's codes ah */
+    __device__ float sum(const int4 &a0, const int4 &a1) const {
+        int s0 = gpu_dp4a(v[0][0], a0.x, gpu_dp4a(v[0][1], a0.y, gpu_dp4a(v[0][2], a0.z, gpu_dp4a(v[0][3], a0.w, 0))));
+        int s1 = gpu_dp4a(v[1][0], a1.x, gpu_dp4a(v[1][1], a1.y, gpu_dp4a(v[1][2], a1.z, gpu_dp4a(v[1][3], a1.w, 0))));
+        return dl[0] * (float)s0 + dl[1] * (float)s1;
+    }
     __device__ float dot(const int8_t *aq, const gf_ads *ads) const {
         const int4 *a = (const int4 *)(aq + 32 * u);
-        int2 s = gf_iq_dot(v, a[0], a[1]);
-        return ads[u].x * (dl[0] * (float)s.x + dl[1] * (float)s.y);
+        return ads[u].x * sum(a[0], a[1]);
     }
 };
 
@@ -1271,10 +1267,10 @@ struct gf_mvs_iq4_nl {
 };
 
 /* the lattices: unit u is 64 columns from 64u (Q8_0's), sub-blocks
- * 2(u % 4) and 2(u % 4) + 1 of the superblock */
+ * 2(u % 4) and 2(u % 4) + 1 of the superblock, each gf_iq's */
 template <int T>
 struct gf_mvs_iq {
-    enum { SB = gq_iq_bytes(T), UPS = 4 };
+    enum { SB = gq_bsize(T), UPS = 4 };
     static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
     static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
                                 const int (&)[4])
@@ -1282,10 +1278,9 @@ struct gf_mvs_iq {
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
-            int sb = 2 * (u % 4) + k, v[2][4];
-            float d0 = gq_iq_half<T>(b, sb, 0, v[0]), d1 = gq_iq_half<T>(b, sb, 1, v[1]);
-            int2 s = gf_iq_dot(v, xa[2 * k], xa[2 * k + 1]);
-            sum += xd[2 * k] * (d0 * (float)s.x + d1 * (float)s.y);
+            gf_iq<T> q;
+            q.load(b, 2 * (u % 4) + k);
+            sum += xd[2 * k] * q.sum(xa[2 * k], xa[2 * k + 1]);
         }
         return sum;
     }

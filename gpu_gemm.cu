@@ -222,15 +222,6 @@ static __host__ __device__ constexpr int gg_blck(int t)
                : 256;
 }
 
-static __host__ __device__ constexpr int gg_bsize(int t)
-{
-    return t == QT_F32 ? 4 : t == QT_F16 || t == QT_BF16 ? 2 : t == QT_Q4_0 ? 18 : t == QT_Q4_1 ? 20
-           : t == QT_Q5_0 ? 22 : t == QT_Q5_1 ? 24 : t == QT_Q8_0 ? 34 : t == QT_Q8_1 ? 36
-           : t == QT_Q2_K ? 84 : t == QT_Q3_K ? 110 : t == QT_Q4_K ? 144 : t == QT_Q5_K ? 176
-           : t == QT_Q6_K ? 210 : t == QT_Q8_K ? 292 : t == QT_IQ4_NL ? 18 : t == QT_IQ4_XS ? 136
-           : t == QT_IQ2_XXS ? 66 : t == QT_IQ2_XS ? 74 : t == QT_IQ2_S ? 82 : t == QT_IQ3_XXS ? 98
-           : t == QT_IQ3_S ? 110 : 0;
-}
 
 /* A weight row is staged in "supersteps" of gg_sup elements (one K-quant
  * super-block, eight 32-blocks, or 32 floats): gg_rb bytes, copied as 4-byte
@@ -238,7 +229,7 @@ static __host__ __device__ constexpr int gg_bsize(int t)
  * gg_upr words cover it; gg_rs words per shared row, odd so that the rows a
  * warp decodes sit in distinct banks. */
 static __host__ __device__ constexpr int gg_sup(int t) { return gg_blck(t) == 1 ? 32 : 256; }
-static __host__ __device__ constexpr int gg_rb(int t) { return gg_sup(t) / gg_blck(t) * gg_bsize(t); }
+static __host__ __device__ constexpr int gg_rb(int t) { return gg_sup(t) / gg_blck(t) * gq_bsize(t); }
 static __host__ __device__ constexpr int gg_upr(int t) { return (gg_rb(t) + 3) / 4 + 1; }
 static __host__ __device__ constexpr int gg_rs(int t) { return gg_upr(t) | 1; }
 
@@ -681,7 +672,7 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
 {
 #ifdef GPU_CUDA
     const struct quant_type *qt = quant_type(TYPE);
-    if (qt->blck != gg_blck(TYPE) || (int)qt->size != gg_bsize(TYPE))
+    if (qt->blck != gg_blck(TYPE) || (int)qt->size != gq_bsize(TYPE))
         return strata_errf(err, errlen, "gpu_gemm: %s's layout differs from quant.c's", qt->name);
     int mma = gg_use_mma(), blas = mma && !gr.offs && gg_blas_ok(n, T) && ldy <= INT_MAX;
     if ((blas || (mma && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0 && gr.estride % 4 == 0)) &&

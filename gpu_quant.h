@@ -38,6 +38,18 @@ static inline int gq_supported(int type)
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #include "gpu_compat.h"
 
+/* Bytes of a block of each type gq_supported lists (quant.c's blk_* sizes;
+ * gpu_gemm.cu checks them against quant_type() before a launch). */
+static __host__ __device__ constexpr int gq_bsize(int t)
+{
+    return t == QT_F32 ? 4 : t == QT_F16 || t == QT_BF16 ? 2 : t == QT_Q4_0 ? 18 : t == QT_Q4_1 ? 20
+           : t == QT_Q5_0 ? 22 : t == QT_Q5_1 ? 24 : t == QT_Q8_0 ? 34 : t == QT_Q8_1 ? 36
+           : t == QT_Q2_K ? 84 : t == QT_Q3_K ? 110 : t == QT_Q4_K ? 144 : t == QT_Q5_K ? 176
+           : t == QT_Q6_K ? 210 : t == QT_Q8_K ? 292 : t == QT_IQ4_NL ? 18 : t == QT_IQ4_XS ? 136
+           : t == QT_IQ2_XXS ? 66 : t == QT_IQ2_XS ? 74 : t == QT_IQ2_S ? 82 : t == QT_IQ3_XXS ? 98
+           : t == QT_IQ3_S ? 110 : 0;
+}
+
 /* ---- byte access: rows may sit at any byte offset a block size allows ---- */
 
 static __device__ __forceinline__ unsigned gq_u16(const uint8_t *p)
@@ -412,17 +424,11 @@ static __device__ __forceinline__ float gq_iq_half(const uint8_t *b, int sb, int
     return d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
 }
 
-/* bytes of a lattice superblock (quant.c's blk_iq* sizes) */
-static __host__ __device__ constexpr int gq_iq_bytes(int t)
-{
-    return t == QT_IQ2_XXS ? 66 : t == QT_IQ2_XS ? 74 : t == QT_IQ2_S ? 82 : t == QT_IQ3_XXS ? 98 : 110;
-}
-
 template <int T>
 static __device__ __forceinline__ void gq_iq_16(const uint8_t *row, int i16, float *y)
 {
     int q[4];
-    float d = gq_iq_half<T>(row + gq_iq_bytes(T) * (i16 >> 4), (i16 & 15) >> 1, i16 & 1, q);
+    float d = gq_iq_half<T>(row + gq_bsize(T) * (i16 >> 4), (i16 & 15) >> 1, i16 & 1, q);
 #pragma unroll
     for (int j = 0; j < 16; j++)
         y[j] = d * gq_i2f((signed char)(q[j >> 2] >> (8 * (j & 3))));

@@ -322,9 +322,7 @@ static void *random_row(int qtype, int n, unsigned *st)
         free(x);
         return row;
     }
-    for (size_t i = 0; i < rb; i++)
-        row[i] = (uint8_t)test_rand(st);
-    quant_lattice_row(qtype, row, n, 4.0f);
+    test_weight_row(qtype, row, n, 4.0f, st);
     return row;
 }
 
