@@ -61,6 +61,12 @@ else
   $(error GPU must be cuda, hip or unset, not '$(GPU)')
 endif
 
+# TRACE=1 (CUDA): a measuring build whose kernels record the decode chain's
+# timeline, written to $$STRATA_GPU_TRACE (gpu_compat.h, GPU_TRACE)
+ifneq ($(TRACE),)
+  GPU_FLAGS += -DSTRATA_TRACE
+endif
+
 LIB_SRC  := gguf.c quant.c quant_gemm.c tok.c pool.c model.c sample.c json.c synth.c kv.c attn.c chat.c sched.c http.c
 TEST_SRC := test.c $(sort $(wildcard test_*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o) $(GPU_OBJ)

@@ -243,6 +243,7 @@ static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][16], const fl
 
 __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 {
+    GPU_TRACE(GT_MERGE);
     __shared__ float mbuf[AK_SPLIT_MAX], lbuf[AK_SPLIT_MAX], wbuf[AK_SPLIT_MAX];
     __shared__ float part[AK_MERGE_W][512]; /* E <= 512 (ak_check) */
     int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31, S = m.S, TH = m.TH, E = m.E;
@@ -974,6 +975,7 @@ template <int ROW, int E, int NB, int NSTQ, int C>
 __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_dec(ak_args a)
 {
 #ifdef AK_MMA_BODY
+    GPU_TRACE(GT_DEC);
     using SH = akd_shape<ROW, E, NB, NSTQ, C>;
     constexpr int NW = SH::NW, KS = SH::KS, VS = SH::VS, NST = SH::NST, PLD = SH::PLD, KT = E / 16;
     constexpr int MT = E / 16, NR = 8 * NB, MC = C / 16;
@@ -1983,6 +1985,13 @@ int gpu_attn_test_sync(void)
 {
     return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
 }
+
+#ifdef STRATA_TRACE
+int gpu_attn_trace_copy(void *dst)
+{
+    return gpu_trace_copy(dst);
+}
+#endif
 
 /* ms per call: the reps calls captured once into a graph on a stream of
  * this function's, replayed as gpu.cu replays its decode step (one warm

@@ -686,6 +686,7 @@ static __device__ __forceinline__ void gf_mv_unit(const gf_mv &p, const Q &q, in
 template <class Q, int NT, int R>
 __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 {
+    GPU_TRACE(GT_MV);
     gf_pdl_begin();
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int r0 = (blockIdx.x * GF_MV_WARPS + warp) * R, total = p.end[p.parts - 1];
@@ -937,6 +938,7 @@ static __device__ __forceinline__ float gf_block_sumf(float acc)
 template <class Q>
 __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 {
+    GPU_TRACE(GT_MVROW);
     int r = blockIdx.x, g = blockIdx.y;
     int rr, pt = gf_mv_part(p, r, &rr), nu = p.n / Q::BLK * Q::UNITS;
     const uint8_t *w = p.w[pt] + (size_t)rr * p.ldw;
@@ -1015,6 +1017,7 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
 template <int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
+    GPU_TRACE(GT_MVK);
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -1307,6 +1310,7 @@ static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
 template <class F, int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
+    GPU_TRACE(GT_MVS);
     enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
@@ -1583,6 +1587,7 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[
 template <class F, int NB, int BT>   /* the weight format; token tiles of 8; the activation's layout */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvq_kernel(gf_mv p)
 {
+    GPU_TRACE(GT_MVQ);
 #if __CUDA_ARCH__ >= 800
     enum { W = GF_MVQ_WARPS };
     __shared__ float part[W][16][8 * NB];
@@ -1718,6 +1723,7 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
                                                                 float eps, int n, float *yf, int8_t *q, gf_ads *ds,
                                                                 int bt)
 {
+    GPU_TRACE(GT_ACT);
     /* the norm's weights are no kernel's output: loaded before the wait */
     int i4 = blockIdx.y * GF_ACT_THREADS + threadIdx.x, ok = i4 < n / GF_AB * (GF_AB / 4);
     float4 g = MODE == GF_ACT_NORM && ok ? ((const float4 *)w)[i4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1776,6 +1782,7 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const fl
                                                                         float *router, float *yf, int8_t *q,
                                                                         gf_ads *ds)
 {
+    GPU_TRACE(GT_NORM_ROUTER);
     int e = blockIdx.x, n4 = n / 4;
     const float4 *w4 = (const float4 *)((const uint8_t *)wr + (size_t)e * ldw), *g4 = (const float4 *)nw;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1817,6 +1824,7 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const fl
 
 __global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, const int32_t *tokens, float *x)
 {
+    GPU_TRACE(GT_EMBED);
     gf_pdl_begin();
     int t = blockIdx.x;
     const uint8_t *row = w + (size_t)tokens[t] * ldw;
@@ -1910,6 +1918,7 @@ static __device__ void gf_store_row(const struct gpu_kv &kv, int layer, int fmt,
 /* one warp per (cell t, kv head, K or V) */
 __global__ void gf_store_kernel(gf_store p)
 {
+    GPU_TRACE(GT_STORE);
     gf_pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, isv = blockIdx.z, c = *p.pos0 + t;
     gf_store_row(p.kv, p.layer, isv ? p.vrow : p.krow, c, p.kv.page_table[c / p.kv.P], h, isv,
@@ -1936,6 +1945,7 @@ struct gf_qkv {
 /* block (t, head of H+K+K): q heads, then k, then v */
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
+    GPU_TRACE(GT_QKV);
     /* First what no kernel ahead writes (gpu_eval copied the position and
      * the page table before the pass): the cell, its page, RoPE's angles
      * and the norm's weights, so that their loads and the sines overlap the
@@ -2020,6 +2030,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
 __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
                                                                     float *selw)
 {
+    GPU_TRACE(GT_ROUTE);
     gf_pdl_begin();
     extern __shared__ float pr[];   /* X probabilities, then U choices and U weights */
     int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
@@ -2080,6 +2091,7 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
 /* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
 __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, int D, int U)
 {
+    GPU_TRACE(GT_MOE_SUM);
     gf_pdl_begin();
     int t = blockIdx.x;
     const float *w = selw + (size_t)t * U;
@@ -2143,6 +2155,7 @@ __global__ void gf_rows_kernel(float *dst, const float *src, const int32_t *orde
 /* x (T, n) = (y + b) + x, either of y and b absent */
 __global__ void gf_add_kernel(float *x, const float *y, const float *b, int n, size_t total)
 {
+    GPU_TRACE(GT_ADD);
     gf_pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         float v = y ? y[i] : b[i % n];
@@ -3044,10 +3057,65 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
 
 /* ---- contexts ---- */
 
+#ifdef STRATA_TRACE
+/* A measuring build writes the timeline of the last GPU_TRACE_GRIDS
+ * launches of each traced file to $STRATA_GPU_TRACE when a context is
+ * freed: a line a launch in launch order (%gridid), "grid tag blocks t0
+ * tw tr_first tr_last t1" in ns of the device clock (first start, first
+ * arrival at the wait, first and last release from it, last warp's end;
+ * 0: never waited). */
+static void gf_trace_write(void)
+{
+    static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
+                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge"};
+    const char *path = getenv("STRATA_GPU_TRACE");
+    size_t nrec = (size_t)GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS;
+    gpu_trace_rec *r = path && *path ? (gpu_trace_rec *)malloc(2 * nrec * sizeof *r) : NULL;
+    FILE *f = r ? fopen(path, "w") : NULL;
+    if (!f || cudaDeviceSynchronize() != cudaSuccess || gpu_trace_copy(r) || gpu_attn_trace_copy(r + nrec)) {
+        fprintf(stderr, "strata: no trace written to %s\n", path ? path : "(STRATA_GPU_TRACE unset)");
+        if (f)
+            fclose(f);
+        free(r);
+        return;
+    }
+    for (size_t gi = 0; gi < 2 * GPU_TRACE_GRIDS; gi++) {
+        gpu_trace_rec *b = r + gi * GPU_TRACE_BLOCKS, s = {};
+        unsigned long long last = 0, trl = 0;
+        int n = 0;
+        for (int i = 0; i < GPU_TRACE_BLOCKS; i++)
+            if (b[i].t0 && b[i].grid > last)
+                last = b[i].grid;
+        for (int i = 0; i < GPU_TRACE_BLOCKS; i++) {
+            gpu_trace_rec *x = &b[i];
+            if (!x->t0 || x->grid != last)
+                continue;
+            if (!n++)
+                s = *x;
+#define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))
+            GF_TMIN(s.t0, x->t0);
+            GF_TMIN(s.tw, x->tw);
+            GF_TMIN(s.tr, x->tr);
+#undef GF_TMIN
+            trl = x->tr > trl ? x->tr : trl;
+            s.t1 = x->t1 > s.t1 ? x->t1 : s.t1;
+        }
+        if (n)
+            fprintf(f, "%llu %s %d %llu %llu %llu %llu %llu\n", last, s.tag < GT_N ? names[s.tag] : "?", n, s.t0,
+                    s.tw, s.tr, trl, s.t1);
+    }
+    fclose(f);
+    free(r);
+}
+#endif
+
 void gpu_ctx_free(struct gpu_ctx *c)
 {
     if (!c)
         return;
+#ifdef STRATA_TRACE
+    gf_trace_write();
+#endif
     for (int n = 0; n <= GF_DECODE_T; n++)
         if (c->graph_state[n] == 1)
             gpuGraphExecDestroy(c->graph[n]);

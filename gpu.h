@@ -92,6 +92,11 @@ const char *gpu_attn_kernel_name(const struct gpu_attn *a, int decode, int qsa);
  * stream itself with STRATA_ATTN_BENCH_STREAM=1 and under HIP). */
 int gpu_attn_test_sync(void);
 double gpu_attn_test_time(int (*fn)(void *), void *arg, int reps);
+#ifdef STRATA_TRACE
+/* A measuring build's timeline (gpu_compat.h, GPU_TRACE): attn_cuda.cu's
+ * ring of block records, read back (0 or the runtime's error). */
+int gpu_attn_trace_copy(void *dst);
+#endif
 
 /* attn_hip.hip: the kernels without matrix cores, written for RDNA2 (wave32
  * warps, 128-thread blocks) and compiled by both toolchains. Under CUDA,

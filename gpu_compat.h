@@ -186,10 +186,85 @@ static __device__ __forceinline__ void gpu_syncwarp()
  * has finished and its writes show). gpu_grid_launch_dependents lets the
  * kernel behind launch early (it still waits). Elsewhere: no-ops, and
  * gpu_launch launches plainly. */
+/* The decode chain's timeline (CUDA, built with -DSTRATA_TRACE only, a
+ * measuring build: BENCH.md, twentieth pass). Each block of a kernel that
+ * opens with GPU_TRACE(tag) records, from the device's global nanosecond
+ * clock: when it started, when it reached gpu_grid_wait and when the wait
+ * returned (the kernel ahead done and its writes shown), and when its last
+ * warp ended. Records live in a ring of GPU_TRACE_GRIDS launches
+ * (%gridid, which counts the context's launches), GPU_TRACE_BLOCKS blocks
+ * a launch (blocks past that are not recorded); each file that includes
+ * this header has its own ring, which gpu_trace_copy reads back. Only
+ * plain stores and one reduction a warp, no atomics that return: the
+ * clock reads cost the chain a few instructions a block. */
+#if defined(STRATA_TRACE) && defined(GPU_CUDA)
+enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NORM_ROUTER, GT_EMBED, GT_STORE, GT_QKV,
+                     GT_ROUTE, GT_MOE_SUM, GT_ADD, GT_DEC, GT_MERGE, GT_N };
+#define GPU_TRACE_GRIDS 1024
+#define GPU_TRACE_BLOCKS 1024
+struct gpu_trace_rec {
+    unsigned long long grid, t0, tw, tr, t1;   /* start, at the wait, past it, end */
+    unsigned tag, sm;
+};
+static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
+
+static __device__ __forceinline__ unsigned long long gpu_clock_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* this block's record, or NULL past GPU_TRACE_BLOCKS */
+static __device__ __forceinline__ gpu_trace_rec *gpu_trace_at(unsigned long long *grid)
+{
+    asm("mov.u64 %0, %%gridid;" : "=l"(*grid));
+    unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    return b < GPU_TRACE_BLOCKS ? &gpu_trace_ring[(*grid % GPU_TRACE_GRIDS) * GPU_TRACE_BLOCKS + b] : NULL;
+}
+
+struct gpu_trace_scope {
+    __device__ explicit gpu_trace_scope(unsigned tag)
+    {
+        unsigned long long g, t = gpu_clock_ns();
+        gpu_trace_rec *r = gpu_trace_at(&g);
+        if (r && threadIdx.x == 0) {
+            unsigned sm;
+            asm("mov.u32 %0, %%smid;" : "=r"(sm));
+            r->grid = g, r->t0 = t, r->tw = r->tr = 0, r->t1 = 0, r->tag = tag, r->sm = sm;
+        }
+    }
+    __device__ ~gpu_trace_scope()
+    {
+        unsigned long long g;
+        gpu_trace_rec *r = gpu_trace_at(&g);
+        if (r && threadIdx.x % 32 == 0)
+            asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;" ::"l"(&r->t1), "l"(gpu_clock_ns()) : "memory");
+    }
+};
+#define GPU_TRACE(tag) gpu_trace_scope gpu_trace_scope_(tag)
+
+/* the ring, for the host (bytes to dst; 0 or the runtime's error) */
+static inline int gpu_trace_copy(void *dst)
+{
+    return (int)cudaMemcpyFromSymbol(dst, gpu_trace_ring, sizeof gpu_trace_ring);
+}
+#else
+#define GPU_TRACE(tag) ((void)0)
+#endif
+
 static __device__ __forceinline__ void gpu_grid_wait()
 {
+#if defined(STRATA_TRACE) && defined(GPU_CUDA)
+    unsigned long long g, tw = gpu_clock_ns();
+#endif
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(STRATA_TRACE) && defined(GPU_CUDA)
+    gpu_trace_rec *r = gpu_trace_at(&g);
+    if (r && threadIdx.x == 0 && !r->tw)
+        r->tw = tw, r->tr = gpu_clock_ns();
 #endif
 }
 
