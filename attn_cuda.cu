@@ -249,10 +249,13 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31, S = m.S, TH = m.TH, E = m.E;
     const float *ml = m.ml, *acc = m.acc;
     float *out = m.out;
-    /* the position before the wait where it is no kernel's output
-     * (gpu_attn's settled); then the wait first of all else: the stream's
-     * next kernel waits for this one alone, so this one returns only after
-     * ak_dec's grid is complete */
+    /* The kernel behind launches now (its weights' loads overlap this
+     * one: without it the wo product started only after this kernel ended,
+     * BENCH.md, twentieth pass); it still waits for this one to end, and
+     * this one for ak_dec. The position before the wait where it is no
+     * kernel's output (gpu_attn's settled); then the wait, first of all
+     * else. */
+    gpu_grid_launch_dependents();
     int t = o / m.H, p0 = m.settled && !m.qsa ? m.pos0[m.multi ? t : 0] : 0;
     gpu_grid_wait();
     if (m.unit) {

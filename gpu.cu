@@ -1942,6 +1942,15 @@ struct gf_qkv {
     int pt_stride;
 };
 
+/* gf_qkv_kernel's shared memory: sized to the head, so that its blocks
+ * find room on SMs beside a product's and start (their angles and norm
+ * weights loaded) before it ends; 12 KB of fixed arrays kept them out
+ * until the product's blocks left (BENCH.md, twentieth pass) */
+static size_t gf_qkv_smem(int E, int n_rot)
+{
+    return (size_t)(2 * E + n_rot) * sizeof(float);
+}
+
 /* block (t, head of H+K+K): q heads, then k, then v */
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
@@ -1951,8 +1960,9 @@ __global__ void gf_qkv_kernel(gf_qkv p)
      * and the norm's weights, so that their loads and the sines overlap the
      * kernel ahead instead of following it. */
     gpu_grid_launch_dependents();
-    __shared__ float hv[1024], nwv[1024], co[512], si[512];
+    extern __shared__ float hv[];   /* E values, E norm weights, n_rot/2 cosines and sines (gf_qkv_smem) */
     int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    float *nwv = hv + E, *co = nwv + E, *si = co + half;
     const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
     float *x;
     const float *b, *nw;
@@ -2961,7 +2971,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
     qp.pt_stride = c->max_pages;
-    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, 0, s, qp);
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
