@@ -196,6 +196,7 @@ struct akm_args {
     const int64_t *sel_off;
     int settled;   /* gpu_attn's */
     int out_bt;    /* gpu_attn's */
+    int late;      /* run 3's A/B only */
 };
 
 /* Row o of the output from its S partials (one block per row): weights
@@ -255,7 +256,8 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
      * this one for ak_dec. The position before the wait where it is no
      * kernel's output (gpu_attn's settled); then the wait, first of all
      * else. */
-    gpu_grid_launch_dependents();
+    if (!m.late)
+        gpu_grid_launch_dependents();
     int t = o / m.H, p0 = m.settled && !m.qsa ? m.pos0[m.multi ? t : 0] : 0;
     gpu_grid_wait();
     if (m.unit) {
@@ -1638,7 +1640,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0, 0};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1855,7 +1857,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
-                  g->pos0, g->sel_off, g->settled, g->out_bt};
+                  g->pos0, g->sel_off, g->settled, g->out_bt, ak_env("STRATA_X_MERGE_LATE")};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }
