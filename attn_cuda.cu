@@ -196,7 +196,6 @@ struct akm_args {
     const int64_t *sel_off;
     int settled;   /* gpu_attn's */
     int out_bt;    /* gpu_attn's */
-    int late;      /* run 3's A/B only */
 };
 
 /* Row o of the output from its S partials (one block per row): weights
@@ -250,14 +249,12 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31, S = m.S, TH = m.TH, E = m.E;
     const float *ml = m.ml, *acc = m.acc;
     float *out = m.out;
-    /* The kernel behind launches now (its weights' loads overlap this
-     * one: without it the wo product started only after this kernel ended,
-     * BENCH.md, twentieth pass); it still waits for this one to end, and
-     * this one for ak_dec. The position before the wait where it is no
-     * kernel's output (gpu_attn's settled); then the wait, first of all
-     * else. */
-    if (!m.late)
-        gpu_grid_launch_dependents();
+    /* the position before the wait where it is no kernel's output
+     * (gpu_attn's settled); then the wait first of all else: the stream's
+     * next kernel waits for this one alone, so this one returns only after
+     * ak_dec's grid is complete. (Letting that kernel launch first, so that
+     * the wo product's blocks wait with their first rows, measured 3.5%
+     * slower on the 8B: BENCH.md, twentieth pass.) */
     int t = o / m.H, p0 = m.settled && !m.qsa ? m.pos0[m.multi ? t : 0] : 0;
     gpu_grid_wait();
     if (m.unit) {
@@ -1640,7 +1637,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0, 0};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0};
     ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1857,7 +1854,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
-                  g->pos0, g->sel_off, g->settled, g->out_bt, ak_env("STRATA_X_MERGE_LATE")};
+                  g->pos0, g->sel_off, g->settled, g->out_bt};
     GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }

@@ -1940,6 +1940,7 @@ struct gf_qkv {
      * one sequence */
     const int32_t *pos_t, *pt_t;
     int pt_stride;
+    int xold;   /* run 4's A/B only */
 };
 
 /* gf_qkv_kernel's shared memory: sized to the head, so that its blocks
@@ -1948,9 +1949,7 @@ struct gf_qkv {
  * until the product's blocks left (BENCH.md, twentieth pass) */
 static size_t gf_qkv_smem(int E, int n_rot)
 {
-    size_t n = (size_t)(2 * E + n_rot) * sizeof(float);
-    const char *x = getenv("STRATA_X_QKV_SMEM");   /* run 3's A/B only */
-    return x && (size_t)atoi(x) > n ? (size_t)atoi(x) : n;
+    return (size_t)(2 * E + n_rot) * sizeof(float);
 }
 
 /* block (t, head of H+K+K): q heads, then k, then v */
@@ -1995,12 +1994,15 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
+    /* the cell is encoded from hv (shared), not read back from x: one L2
+     * round trip fewer on the chain */
+    const float *cx = p.xold ? x : hv;
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             x[i] = hv[i];
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, x);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, cx);
         return;
     }
     if (nw) {
@@ -2016,16 +2018,17 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
-        /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos) */
-        x[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
-        x[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
+        /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos);
+         * a pair is this thread's alone, so it is rotated in place too */
+        x[i0] = hv[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
+        x[i1] = hv[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
     for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, x);
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, cx);
     }
 }
 
@@ -2973,6 +2976,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
     qp.pt_stride = c->max_pages;
+    qp.xold = getenv("STRATA_X_QKV_XOLD") != NULL;
     gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
