@@ -19,7 +19,9 @@
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B
 # shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K and Q8_0 at one; ncu-mv: Nsight
 # Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8, 30b-q4k,
-# 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0)
+# 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
+# trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
+# a `make TRACE=1` build's strata, gzipped; the files go to $OUT)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -79,6 +81,19 @@ batch() { # several sequences decoding together (bench --batch), the 8B shape at
     done
 }
 
+trace() { # one decode step's timeline (a TRACE=1 build), 8B and 30B-A3B Q4_K at 512 cells
+    local m=$T/trace.gguf st=$T/strata-trace
+    gunzip -c "$D/strata-trace.gz" >"$st" && chmod +x "$st" || return
+    for shape in qwen3-8b qwen3-30b-a3b; do
+        $S synth --shape $shape --type q4_k -o "$m" >/dev/null || return
+        echo "== trace: $shape q4_k, tg128 at 512 cells"
+        STRATA_GPU_TRACE=${OUT:-$T}/trace-$shape.txt $st bench -m "$m" --device gpu -p 0 -n 128 -d 512 -r 2 \
+            -c 1024 2>/dev/null | grep -E '^decode '
+        head -n 16 "${OUT:-$T}/trace-$shape.txt"
+        rm -f "$m"
+    done
+}
+
 sweep() { # tg128 and a prompt (chunk 2048) of a model per setting in SWEEP
     local m=$T/sweep.gguf shape=${SWEEP_SHAPE:-qwen3-8b} p=${SWEEP_P:-4096}
     local args=${SWEEP_ARGS:-"-p $p -n 128 -r 5 -c $((p + 256)) --prefill-chunk 2048"}
@@ -121,6 +136,7 @@ for step in "$@"; do
     30b-q4km) bench_model q30b-q4km qwen3-30b-a3b q4_k_m ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
     batch) batch ;;
+    trace) trace ;;
     sweep) sweep ;;
     *) echo "gpu-bench.sh: unknown step $step" >&2; exit 2 ;;
     esac

@@ -1940,7 +1940,6 @@ struct gf_qkv {
      * one sequence */
     const int32_t *pos_t, *pt_t;
     int pt_stride;
-    int xold;   /* run 4's A/B only */
 };
 
 /* gf_qkv_kernel's shared memory: sized to the head, so that its blocks
@@ -1994,15 +1993,13 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
-    /* the cell is encoded from hv (shared), not read back from x: one L2
-     * round trip fewer on the chain */
-    const float *cx = p.xold ? x : hv;
+    /* the cells are encoded from hv (shared), not read back from x */
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
             x[i] = hv[i];
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, cx);
+            gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, hv);
         return;
     }
     if (nw) {
@@ -2028,7 +2025,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     if (hd >= p.H) {
         __syncthreads();
         if (p.kv.pages && threadIdx.x < 32)
-            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, cx);
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, hv);
     }
 }
 
@@ -2976,7 +2973,6 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
     qp.pt_stride = c->max_pages;
-    qp.xold = getenv("STRATA_X_QKV_XOLD") != NULL;
     gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
@@ -3074,12 +3070,56 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
 /* ---- contexts ---- */
 
 #ifdef STRATA_TRACE
-/* A measuring build writes the timeline of the last GPU_TRACE_GRIDS
- * launches of each traced file to $STRATA_GPU_TRACE when a context is
- * freed: a line a launch in launch order (%gridid), "grid tag blocks t0
- * tw tr_first tr_last t1" in ns of the device clock (first start, first
- * arrival at the wait, first and last release from it, last warp's end;
- * 0: never waited). */
+/* A measuring build (make TRACE=1) writes, when a context is freed, the
+ * last one-token decode step it ran to $STRATA_GPU_TRACE: a line a launch
+ * in order of start, µs from the step's first start: the kernel, its
+ * blocks, its first block's start, the first arrival at its wait, its
+ * first and last release from the wait, its last warp's end; then sync
+ * (the kernel ahead's end to this one's first release) and run (that
+ * release to this one's end). A graph's kernels keep their %gridid from
+ * replay to replay, so the rings hold the last replay's blocks. */
+struct gf_trace_grid {
+    unsigned long long t0, tw, tr, trl, t1;
+    int tag, blocks;
+};
+
+static int gf_trace_cmp(const void *a, const void *b)
+{
+    unsigned long long x = ((const gf_trace_grid *)a)->t0, y = ((const gf_trace_grid *)b)->t0;
+    return x < y ? -1 : x > y;
+}
+
+/* ring r's slot launches, each from its blocks of the slot's latest grid */
+static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
+{
+    int n = 0;
+    for (int gi = 0; gi < GPU_TRACE_GRIDS; gi++) {
+        const gpu_trace_rec *b = r + (size_t)gi * GPU_TRACE_BLOCKS;
+        unsigned long long last = 0;
+        for (int i = 0; i < GPU_TRACE_BLOCKS; i++)
+            if (b[i].t0 && b[i].grid > last)
+                last = b[i].grid;
+        gf_trace_grid g = {};
+        for (int i = 0; i < GPU_TRACE_BLOCKS; i++) {
+            const gpu_trace_rec *x = &b[i];
+            if (!x->t0 || x->grid != last)
+                continue;
+            if (!g.blocks++)
+                g.t0 = x->t0, g.tw = x->tw, g.tr = x->tr, g.tag = (int)x->tag;
+#define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))
+            GF_TMIN(g.t0, x->t0);
+            GF_TMIN(g.tw, x->tw);
+            GF_TMIN(g.tr, x->tr);
+#undef GF_TMIN
+            g.trl = x->tr > g.trl ? x->tr : g.trl;
+            g.t1 = x->t1 > g.t1 ? x->t1 : g.t1;
+        }
+        if (g.blocks)
+            out[n++] = g;
+    }
+    return n;
+}
+
 static void gf_trace_write(void)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
@@ -3087,40 +3127,41 @@ static void gf_trace_write(void)
     const char *path = getenv("STRATA_GPU_TRACE");
     size_t nrec = (size_t)GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS;
     gpu_trace_rec *r = path && *path ? (gpu_trace_rec *)malloc(2 * nrec * sizeof *r) : NULL;
-    FILE *f = r ? fopen(path, "w") : NULL;
+    gf_trace_grid *g = r ? (gf_trace_grid *)malloc(2 * GPU_TRACE_GRIDS * sizeof *g) : NULL;
+    FILE *f = g ? fopen(path, "w") : NULL;
     if (!f || cudaDeviceSynchronize() != cudaSuccess || gpu_trace_copy(r) || gpu_attn_trace_copy(r + nrec)) {
         fprintf(stderr, "strata: no trace written to %s\n", path ? path : "(STRATA_GPU_TRACE unset)");
         if (f)
             fclose(f);
+        free(g);
         free(r);
         return;
     }
-    for (size_t gi = 0; gi < 2 * GPU_TRACE_GRIDS; gi++) {
-        gpu_trace_rec *b = r + gi * GPU_TRACE_BLOCKS, s = {};
-        unsigned long long last = 0, trl = 0;
-        int n = 0;
-        for (int i = 0; i < GPU_TRACE_BLOCKS; i++)
-            if (b[i].t0 && b[i].grid > last)
-                last = b[i].grid;
-        for (int i = 0; i < GPU_TRACE_BLOCKS; i++) {
-            gpu_trace_rec *x = &b[i];
-            if (!x->t0 || x->grid != last)
-                continue;
-            if (!n++)
-                s = *x;
-#define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))
-            GF_TMIN(s.t0, x->t0);
-            GF_TMIN(s.tw, x->tw);
-            GF_TMIN(s.tr, x->tr);
-#undef GF_TMIN
-            trl = x->tr > trl ? x->tr : trl;
-            s.t1 = x->t1 > s.t1 ? x->t1 : s.t1;
+    int n = gf_trace_grids(r, g);
+    n += gf_trace_grids(r + nrec, g + n);
+    qsort(g, n, sizeof *g, gf_trace_cmp);
+    int i0 = 0, i1 = n;   /* the last one-token embedding, to the next embedding */
+    for (int i = 0; i < n; i++)
+        if (g[i].tag == GT_EMBED && g[i].blocks == 1)
+            i0 = i;
+    for (int i = i0 + 1; i < n; i++)
+        if (g[i].tag == GT_EMBED) {
+            i1 = i;
+            break;
         }
-        if (n)
-            fprintf(f, "%llu %s %d %llu %llu %llu %llu %llu\n", last, s.tag < GT_N ? names[s.tag] : "?", n, s.t0,
-                    s.tw, s.tr, trl, s.t1);
+    fprintf(f, "# kernel blocks start wait release release_last end sync run (us)\n");
+    unsigned long long s0 = n ? g[i0].t0 : 0;
+#define GF_US(t) ((t) ? ((double)(t) - (double)s0) / 1e3 : 0.0)
+    for (int i = i0; i < i1; i++) {
+        const gf_trace_grid *x = &g[i];
+        double sync = i > i0 && x->tr ? GF_US(x->tr) - GF_US(g[i - 1].t1) : 0.0;
+        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f\n", x->tag < GT_N ? names[x->tag] : "?",
+                x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr), GF_US(x->trl), GF_US(x->t1), sync,
+                x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0);
     }
+#undef GF_US
     fclose(f);
+    free(g);
     free(r);
 }
 #endif
