@@ -2555,20 +2555,18 @@ static int gf_sms(void)
 }
 
 /* The column-sliced kernels' grid: one wave of the blocks of kernel k
- * resident at once (*per_sm: how many an SM holds, asked once) shared by
- * the groups, at most a block a tile and at least one a group. Rounded
- * down: a wave rounded up (the 30B-A3B's gate/up experts, 8 groups of 83
- * blocks where 660 fit) left a few blocks to start as the first ones ended,
- * their whole span on the chain (BENCH.md, twentieth pass). (A failed
- * query: one block a group; the launch's own error check reports a broken
- * device.) */
+ * resident at once (*per_sm: how many an SM holds, asked once) over the
+ * groups, at most a block a tile. (Rounded up: the 30B-A3B's gate/up
+ * experts get 8 groups of 83 blocks where 660 fit; rounded down, 82, was
+ * 1.3% slower, BENCH.md, twentieth pass. A failed query: one block a
+ * group; the launch's own error check reports a broken device.) */
 static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int tiles)
 {
     int sms = gf_sms(), b = 0;
     if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
         b > 0)
         *per_sm = b;
-    int blocks = *per_sm && sms * *per_sm > groups ? sms * *per_sm / groups : 1;
+    int blocks = *per_sm ? (sms * *per_sm + groups - 1) / groups : 1;
     return dim3(blocks < tiles ? blocks : tiles, groups);
 }
 
