@@ -21,6 +21,12 @@ else
   CFLAGS += -march=$(MARCH)
   B := build
 endif
+# TRACE=1 (CUDA): a measuring build whose decode kernels record the chain's
+# timeline, written to $$STRATA_GPU_TRACE (gpu_compat.h, GPU_TRACE), in a
+# build folder of its own
+ifneq ($(TRACE),)
+  B := $(B)-trace
+endif
 
 # GPU=cuda / GPU=hip (what `make cuda` / `make hip` set): the GPU backend's
 # objects replace gpu_none.c, in a build folder of their own.
@@ -61,8 +67,6 @@ else
   $(error GPU must be cuda, hip or unset, not '$(GPU)')
 endif
 
-# TRACE=1 (CUDA): a measuring build whose kernels record the decode chain's
-# timeline, written to $$STRATA_GPU_TRACE (gpu_compat.h, GPU_TRACE)
 ifneq ($(TRACE),)
   GPU_FLAGS += -DSTRATA_TRACE
 endif
@@ -122,7 +126,8 @@ fuzz: | $(B)
 
 # Remove every build output.
 clean:
-	rm -rf build build-portable build-cuda build-portable-cuda build-hip build-portable-hip strata
+	rm -rf build build-portable build-cuda build-portable-cuda build-hip build-portable-hip build-trace-cuda \
+	  build-portable-trace-cuda strata
 
 # List the targets.
 help:

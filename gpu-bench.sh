@@ -21,7 +21,8 @@
 # Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8, 30b-q4k,
 # 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
-# a `make TRACE=1` build's strata, gzipped; the files go to $OUT)
+# `make cuda TRACE=1 CUDA_ARCH=90 MARCH=x86-64-v3` leaves that measuring build in ./strata; strip and
+# gzip it there; the timelines go to $OUT)
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
