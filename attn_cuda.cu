@@ -273,6 +273,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         lbuf[s] = ml[((size_t)s * TH + o) * 2 + 1];
     }
     __syncthreads();
+    GPU_TRACE_MARK();   /* the maxima and sums in (the measuring build) */
     float M = -INFINITY;
     for (int s = 0; s < S; s++)
         M = fmaxf(M, mbuf[s]);
@@ -1177,6 +1178,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
     }
 
+    GPU_TRACE_MARK();   /* Q in registers (the measuring build) */
 #pragma unroll
     for (int i = pre; i < NST - 1; i++) {
         if (i < my)

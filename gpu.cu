@@ -1748,6 +1748,7 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
         }
         scale = gf_rms_scale(gf_block_sum(s), n, eps);
     }
+    GPU_TRACE_MARK();   /* the row's sum formed (the measuring build) */
     /* the whole warp runs the shuffles; lanes past the row's blocks compute on zeros and store nothing */
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (ok) {
@@ -1993,6 +1994,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     for (int i = threadIdx.x; i < E; i += blockDim.x)
         hv[i] = b ? x[i] + b[i] : x[i];
     __syncthreads();
+    GPU_TRACE_MARK();   /* the head's values in (the measuring build) */
     /* the cells are encoded from hv (shared), not read back from x */
     if (hd >= p.H + p.K) {
         for (int i = threadIdx.x; i < E; i += blockDim.x)
@@ -3077,11 +3079,12 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
  * in order of start, µs from the step's first start: the kernel, its
  * blocks, its first block's start, the first arrival at its wait, its
  * first and last release from the wait, its last warp's end; then sync
- * (the kernel ahead's end to this one's first release) and run (that
- * release to this one's end). A graph's kernels keep their %gridid from
+ * (the kernel ahead's end to this one's first release), run (that release
+ * to this one's end) and its blocks' first and last GPU_TRACE_MARK (0:
+ * none). A graph's kernels keep their %gridid from
  * replay to replay, so the rings hold the last replay's blocks. */
 struct gf_trace_grid {
-    unsigned long long t0, tw, tr, trl, t1;
+    unsigned long long t0, tw, tr, trl, t1, tm, tml;
     int tag, blocks;
 };
 
@@ -3107,13 +3110,15 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
             if (!x->t0 || x->grid != last)
                 continue;
             if (!g.blocks++)
-                g.t0 = x->t0, g.tw = x->tw, g.tr = x->tr, g.tag = (int)x->tag;
+                g.t0 = x->t0, g.tw = x->tw, g.tr = x->tr, g.tm = x->tm, g.tag = (int)x->tag;
 #define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))
             GF_TMIN(g.t0, x->t0);
             GF_TMIN(g.tw, x->tw);
             GF_TMIN(g.tr, x->tr);
+            GF_TMIN(g.tm, x->tm);
 #undef GF_TMIN
             g.trl = x->tr > g.trl ? x->tr : g.trl;
+            g.tml = x->tm > g.tml ? x->tm : g.tml;
             g.t1 = x->t1 > g.t1 ? x->t1 : g.t1;
         }
         if (g.blocks)
@@ -3151,15 +3156,16 @@ static void gf_trace_write(void)
             i1 = i;
             break;
         }
-    fprintf(f, "# kernel blocks start wait release release_last end sync run (us)\n");
+    fprintf(f, "# kernel blocks start wait release release_last end sync run mark mark_last (us)\n");
     unsigned long long s0 = n ? g[i0].t0 : 0;
 #define GF_US(t) ((t) ? ((double)(t) - (double)s0) / 1e3 : 0.0)
     for (int i = i0; i < i1; i++) {
         const gf_trace_grid *x = &g[i];
         double sync = i > i0 && x->tr ? GF_US(x->tr) - GF_US(g[i - 1].t1) : 0.0;
-        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f\n", x->tag < GT_N ? names[x->tag] : "?",
-                x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr), GF_US(x->trl), GF_US(x->t1), sync,
-                x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0);
+        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f %9.2f %9.2f\n",
+                x->tag < GT_N ? names[x->tag] : "?", x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
+                GF_US(x->trl), GF_US(x->t1), sync, x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0, GF_US(x->tm),
+                GF_US(x->tml));
     }
 #undef GF_US
     fclose(f);

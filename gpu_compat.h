@@ -203,7 +203,7 @@ enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NOR
 #define GPU_TRACE_GRIDS 4096
 #define GPU_TRACE_BLOCKS 1024
 struct gpu_trace_rec {
-    unsigned long long grid, t0, tw, tr, t1;   /* start, at the wait, past it, end */
+    unsigned long long grid, t0, tw, tr, t1, tm;   /* start, at the wait, past it, end, GPU_TRACE_MARK */
     unsigned tag, sm;
 };
 static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
@@ -231,7 +231,7 @@ struct gpu_trace_scope {
         if (r && threadIdx.x == 0) {
             unsigned sm;
             asm("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->grid = g, r->t0 = t, r->tw = r->tr = 0, r->t1 = 0, r->tag = tag, r->sm = sm;
+            r->grid = g, r->t0 = t, r->tw = r->tr = r->tm = 0, r->t1 = 0, r->tag = tag, r->sm = sm;
         }
     }
     __device__ ~gpu_trace_scope()
@@ -244,6 +244,16 @@ struct gpu_trace_scope {
 };
 #define GPU_TRACE(tag) gpu_trace_scope gpu_trace_scope_(tag)
 
+/* the first time thread 0 of the block passes here (one point a kernel) */
+static __device__ __forceinline__ void gpu_trace_mark()
+{
+    unsigned long long g;
+    gpu_trace_rec *r = gpu_trace_at(&g);
+    if (r && threadIdx.x == 0 && !r->tm)
+        r->tm = gpu_clock_ns();
+}
+#define GPU_TRACE_MARK() gpu_trace_mark()
+
 /* the ring, for the host (bytes to dst; 0 or the runtime's error) */
 static inline int gpu_trace_copy(void *dst)
 {
@@ -251,6 +261,7 @@ static inline int gpu_trace_copy(void *dst)
 }
 #else
 #define GPU_TRACE(tag) ((void)0)
+#define GPU_TRACE_MARK() ((void)0)
 #endif
 
 static __device__ __forceinline__ void gpu_grid_wait()
