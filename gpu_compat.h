@@ -179,24 +179,19 @@ static __device__ __forceinline__ void gpu_syncwarp()
 }
 #endif
 
-/* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
- * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
- * ahead of it has finished; it must call gpu_grid_wait before it touches
- * memory the one ahead writes or reads (the wait returns once that kernel
- * has finished and its writes show). gpu_grid_launch_dependents lets the
- * kernel behind launch early (it still waits). Elsewhere: no-ops, and
- * gpu_launch launches plainly. */
-/* The decode chain's timeline (CUDA, built with -DSTRATA_TRACE only, a
- * measuring build: BENCH.md, twentieth pass). Each block of a kernel that
- * opens with GPU_TRACE(tag) records, from the device's global nanosecond
- * clock: when it started, when it reached gpu_grid_wait and when the wait
- * returned (the kernel ahead done and its writes shown), and when its last
- * warp ended. Records live in a ring of GPU_TRACE_GRIDS launches
- * (%gridid, which counts the context's launches), GPU_TRACE_BLOCKS blocks
- * a launch (blocks past that are not recorded); each file that includes
- * this header has its own ring, which gpu_trace_copy reads back. Only
- * plain stores and one reduction a warp, no atomics that return: the
- * clock reads cost the chain a few instructions a block. */
+/* The decode chain's timeline (CUDA, built with -DSTRATA_TRACE only: the
+ * measuring build of `make cuda TRACE=1`, BENCH.md's twentieth pass). Each
+ * block of a kernel that opens with GPU_TRACE(tag) records, from the
+ * device's nanosecond clock: when it started, when it reached
+ * gpu_grid_wait and when the wait returned (the kernel ahead done and its
+ * writes shown), when it first passed GPU_TRACE_MARK() (a point of the
+ * kernel's own), and when its last warp ended. Records live in a ring of
+ * GPU_TRACE_GRIDS launches by %gridid (a graph's kernels keep theirs from
+ * replay to replay, so the ring holds the last replay), GPU_TRACE_BLOCKS
+ * blocks a launch (blocks past that are not recorded); each file that
+ * includes this header has its own ring, which gpu_trace_copy reads back.
+ * Plain stores and one reduction a warp, no atomics that return; it still
+ * costs 6-7% of a decode step. */
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
 enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NORM_ROUTER, GT_EMBED, GT_STORE, GT_QKV,
                      GT_ROUTE, GT_MOE_SUM, GT_ADD, GT_DEC, GT_MERGE, GT_N };
@@ -264,6 +259,13 @@ static inline int gpu_trace_copy(void *dst)
 #define GPU_TRACE_MARK() ((void)0)
 #endif
 
+/* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
+ * gpu_launch(..., pdl = 1, ...) may have blocks resident before the kernel
+ * ahead of it has finished; it must call gpu_grid_wait before it touches
+ * memory the one ahead writes or reads (the wait returns once that kernel
+ * has finished and its writes show). gpu_grid_launch_dependents lets the
+ * kernel behind launch early (it still waits). Elsewhere: no-ops, and
+ * gpu_launch launches plainly. */
 static __device__ __forceinline__ void gpu_grid_wait()
 {
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
