@@ -1943,10 +1943,8 @@ struct gf_qkv {
     int pt_stride;
 };
 
-/* gf_qkv_kernel's shared memory, sized to the head: with 12 KB of fixed
- * arrays its blocks found no room beside the q/k/v product's and started
- * only as those left; now they start and form their angles before it ends
- * (the decode timeline, BENCH.md, twentieth pass; tg128 level) */
+/* gf_qkv_kernel's shared memory, sized to the head (it was 12 KB of fixed
+ * arrays, whatever the head; BENCH.md, twentieth pass: tg128 level) */
 static size_t gf_qkv_smem(int E, int n_rot)
 {
     return (size_t)(2 * E + n_rot) * sizeof(float);
