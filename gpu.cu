@@ -3108,8 +3108,8 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
             if (!x->t0 || x->grid != last)
                 continue;
             if (!g.blocks++)
-                g.t0 = x->t0, g.tw = x->tw, g.tr = x->tr, g.tm = x->tm, g.tag = (int)x->tag;
-#define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))
+                g.tag = (int)x->tag;
+#define GF_TMIN(a, v) (a = (v) && (!(a) || (v) < (a)) ? (v) : (a))   /* the least nonzero */
             GF_TMIN(g.t0, x->t0);
             GF_TMIN(g.tw, x->tw);
             GF_TMIN(g.tr, x->tr);
@@ -3130,12 +3130,14 @@ static void gf_trace_write(void)
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
                                       "store", "qkv", "route", "moe_sum", "add", "dec", "merge"};
     const char *path = getenv("STRATA_GPU_TRACE");
+    if (!path || !*path)
+        return;
     size_t nrec = (size_t)GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS;
-    gpu_trace_rec *r = path && *path ? (gpu_trace_rec *)malloc(2 * nrec * sizeof *r) : NULL;
+    gpu_trace_rec *r = (gpu_trace_rec *)malloc(2 * nrec * sizeof *r);
     gf_trace_grid *g = r ? (gf_trace_grid *)malloc(2 * GPU_TRACE_GRIDS * sizeof *g) : NULL;
     FILE *f = g ? fopen(path, "w") : NULL;
     if (!f || cudaDeviceSynchronize() != cudaSuccess || gpu_trace_copy(r) || gpu_attn_trace_copy(r + nrec)) {
-        fprintf(stderr, "strata: no trace written to %s\n", path ? path : "(STRATA_GPU_TRACE unset)");
+        fprintf(stderr, "strata: no trace written to %s\n", path);
         if (f)
             fclose(f);
         free(g);

@@ -226,7 +226,7 @@ struct gpu_trace_scope {
         if (r && threadIdx.x == 0) {
             unsigned sm;
             asm("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->grid = g, r->t0 = t, r->tw = r->tr = r->tm = 0, r->t1 = 0, r->tag = tag, r->sm = sm;
+            r->grid = g, r->t0 = t, r->tw = r->tr = r->tm = r->t1 = 0, r->tag = tag, r->sm = sm;
         }
     }
     __device__ ~gpu_trace_scope()
