@@ -1941,7 +1941,36 @@ struct gf_qkv {
      * one sequence */
     const int32_t *pos_t, *pt_t;
     int pt_stride;
+    /* a pass's RoPE cosines and sines (T, n_rot: cos then sin of each
+     * pair) and each token's page, formed once a pass by gf_rope_kernel */
+    float *cs;
+    int32_t *pg;
 };
+
+/* Once a pass, block t: token t's RoPE angles (θ as the CPU forms them:
+ * the position times theta_scale i times in f32) as cosines and sines, and
+ * its page, for gf_qkv_kernel in every layer. Formed here, not in each
+ * layer's kernel before its wait: that kernel's blocks that start only as
+ * the q/k/v product ends did this work after it, on the chain (BENCH.md,
+ * twentieth pass; once a pass: 8B +1.2%, 30B-A3B +2.4%, twenty-first). */
+__global__ void gf_rope_kernel(gf_qkv p)
+{
+    GPU_TRACE(GT_ROPE);
+    gf_pdl_begin();
+    int t = blockIdx.x, half = p.n_rot / 2, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t;
+    const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
+    if (threadIdx.x == 0)
+        p.pg[t] = p.kv.pages ? pt[cell / p.kv.P] : 0;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = (float)cell;
+        for (int j = 0; j < i; j++)
+            theta = __fmul_rn(theta, p.theta_scale);
+        float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
+        th = __fmul_rn(p.freq_scale, th);
+        p.cs[(size_t)t * p.n_rot + i] = cosf(th);
+        p.cs[(size_t)t * p.n_rot + half + i] = sinf(th);
+    }
+}
 
 /* gf_qkv_kernel's shared memory, sized to the head (it was 12 KB of fixed
  * arrays, whatever the head; BENCH.md, twentieth pass: tg128 level) */
@@ -1954,15 +1983,9 @@ static size_t gf_qkv_smem(int E, int n_rot)
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
     GPU_TRACE(GT_QKV);
-    /* First what no kernel ahead writes (gpu_eval copied the position and
-     * the page table before the pass): the cell, its page, RoPE's angles
-     * and the norm's weights, so that their loads and the sines overlap the
-     * kernel ahead instead of following it. */
-    gpu_grid_launch_dependents();
     extern __shared__ float hv[];   /* E values, E norm weights, n_rot/2 cosines and sines (gf_qkv_smem) */
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E, cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t, half = p.n_rot / 2;
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, half = p.n_rot / 2;
     float *nwv = hv + E, *co = nwv + E, *si = co + half;
-    const int32_t *pt = p.pos_t ? p.pt_t + (size_t)t * p.pt_stride : p.kv.page_table;
     float *x;
     const float *b, *nw;
     if (hd < p.H) {
@@ -1974,23 +1997,39 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         int h = hd - p.H - p.K;
         x = p.v + ((size_t)t * p.K + h) * E, b = p.bv ? p.bv + h * E : NULL, nw = NULL;
     }
-    int pg = p.kv.pages && hd >= p.H ? pt[cell / p.kv.P] : 0;
-    if (nw)
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
-            nwv[i] = nw[i];
-    if (hd < p.H + p.K)
-        for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            /* θ as the CPU forms it: position, times theta_scale i times in f32 */
-            float theta = (float)cell;
-            for (int j = 0; j < i; j++)
-                theta = __fmul_rn(theta, p.theta_scale);
-            float th = p.rope_freqs ? theta / p.rope_freqs[i] : theta;
-            th = __fmul_rn(p.freq_scale, th);
-            co[i] = cosf(th), si[i] = sinf(th);
+    /* Before the wait only the loads of the weights (the bias, the norm's:
+     * no kernel writes them), into registers, in flight during the wait and
+     * not waited for before it (the first 2·128 of a head; any past that
+     * after it). The norm's weights come from memory, not L2: waited for
+     * after the wait, they made the late blocks late again (BENCH.md,
+     * twenty-first pass). The position, page, cosines and sines come from
+     * gf_rope_kernel, further up the chain, so after the wait. */
+    float wb[2], wn[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        wb[k] = b && i < E ? b[i] : 0.0f;
+        wn[k] = nw && i < E ? nw[i] : 0.0f;
+    }
+    gf_pdl_begin();
+    int cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t;
+    int pg = p.kv.pages && hd >= p.H ? p.pg[t] : 0;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < E) {
+            hv[i] = b ? x[i] + wb[k] : x[i];
+            nwv[i] = wn[k];
         }
-    gpu_grid_wait();
-    for (int i = threadIdx.x; i < E; i += blockDim.x)
+    }
+    for (int i = threadIdx.x + 2 * blockDim.x; i < E; i += blockDim.x) {
         hv[i] = b ? x[i] + b[i] : x[i];
+        if (nw)
+            nwv[i] = nw[i];
+    }
+    if (hd < p.H + p.K)
+        for (int i = threadIdx.x; i < half; i += blockDim.x)
+            co[i] = p.cs[(size_t)t * p.n_rot + i], si[i] = p.cs[(size_t)t * p.n_rot + half + i];
     __syncthreads();
     GPU_TRACE_MARK();   /* the head's values in (the measuring build) */
     /* the cells are encoded from hv (shared), not read back from x */
@@ -2214,6 +2253,8 @@ struct gpu_ctx {
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
     int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
+    float *rope_cs;        /* (T, n_rot): a pass's RoPE cosines and sines (gf_rope_kernel) */
+    int32_t *rope_pg;      /* (T): each token's page */
     float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
@@ -2947,6 +2988,24 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     return 0;
 }
 
+/* gf_qkv's fields that are the pass's, not a layer's: the positions, the
+ * page tables, RoPE's constants and the pass's tables */
+static gf_qkv gf_qkv_of(struct gpu_ctx *c)
+{
+    const struct model_hp *hp = &c->g->hp;
+    gf_qkv p;
+    memset(&p, 0, sizeof p);
+    p.rope_freqs = c->g->rope_freqs, p.n_rot = hp->n_rot;
+    p.theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot), p.freq_scale = c->g->freq_scale;
+    p.pos0 = c->io + c->T;
+    /* the K and V rows go to their cells from gf_qkv_kernel (gpu_kv_store's encoder) */
+    gf_kv_desc(c, &p.kv);
+    p.pos_t = c->rows ? gf_rows(c) : NULL, p.pt_t = p.pos_t ? gf_rows(c) + c->B : NULL;
+    p.pt_stride = c->max_pages;
+    p.cs = c->rope_cs, p.pg = c->rope_pg;
+    return p;
+}
+
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
 static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
@@ -2964,17 +3023,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
     gf_mark(c, GF_ST_QKV);
-    gf_qkv qp;
+    gf_qkv qp = gf_qkv_of(c);
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
-    qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL, qp.rope_freqs = c->g->rope_freqs;
-    qp.H = H, qp.K = K, qp.E = E, qp.n_rot = hp->n_rot, qp.neox = hp->rope_neox;
-    qp.eps = hp->rms_eps, qp.theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
-    qp.freq_scale = c->g->freq_scale, qp.pos0 = c->io + c->T;
-    /* the K and V rows go to their cells from the same kernel (gpu_kv_store's encoder) */
-    gf_kv_desc(c, &qp.kv);
+    qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL;
+    qp.H = H, qp.K = K, qp.E = E, qp.neox = hp->rope_neox, qp.eps = hp->rms_eps;
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    qp.pos_t = c->rows ? gf_rows(c) : NULL, qp.pt_t = qp.pos_t ? gf_rows(c) + c->B : NULL;
-    qp.pt_stride = c->max_pages;
     gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
@@ -3053,6 +3106,8 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     gf_launch(gf_embed_kernel, T, 256, 0, c->stream, g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D,
               (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
+    gf_launch(gf_rope_kernel, T, 64, 0, c->stream, gf_qkv_of(c));
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_EMBED);
     for (int il = 0; il < hp->n_layer; il++)
         if (gf_layer(c, il, T, err, errlen))
@@ -3128,7 +3183,7 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
 static void gf_trace_write(void)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
-                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge"};
+                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope"};
     const char *path = getenv("STRATA_GPU_TRACE");
     if (!path || !*path)
         return;
@@ -3186,6 +3241,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
+                    c->rope_cs, c->rope_pg,
                     c->offs, c->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -3289,6 +3345,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c->rope_cs, (size_t)T * hp->n_rot * fb, err, errlen) ||
+             gf_alloc((void **)&c->rope_pg, (size_t)T * sizeof(int32_t), err, errlen) ||
              gf_alloc(&c->attn_scratch, gpu_attn_scratch_bytes(hp->n_head, T, c->max_cells, hp->head_dim), err,
                       errlen) ||
              gf_alloc(&c->gemm_scratch, gemm, err, errlen) ? -1 : 0;
