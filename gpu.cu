@@ -3139,6 +3139,8 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
 struct gf_trace_grid {
     unsigned long long t0, tw, tr, trl, t1, tm, tml;
     int tag, blocks;
+    const gpu_trace_rec *rec;   /* its blocks' records (the ring's row) */
+    unsigned long long grid;
 };
 
 static int gf_trace_cmp(const void *a, const void *b)
@@ -3174,6 +3176,7 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
             g.tml = x->tm > g.tml ? x->tm : g.tml;
             g.t1 = x->t1 > g.t1 ? x->t1 : g.t1;
         }
+        g.rec = b, g.grid = last;
         if (g.blocks)
             out[n++] = g;
     }
@@ -3221,6 +3224,22 @@ static void gf_trace_write(void)
                 x->tag < GT_N ? names[x->tag] : "?", x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
                 GF_US(x->trl), GF_US(x->t1), sync, x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0, GF_US(x->tm),
                 GF_US(x->tml));
+    }
+    /* $STRATA_GPU_TRACE_BLOCKS: the same step block by block (kernel, its
+     * index in the step, block, SM, then start, wait, release, mark, end) */
+    const char *bpath = getenv("STRATA_GPU_TRACE_BLOCKS");
+    FILE *bf = bpath && *bpath ? fopen(bpath, "w") : NULL;
+    if (bf) {
+        fprintf(bf, "# kernel step_index block sm start wait release mark end (us)\n");
+        for (int i = i0; i < i1; i++)
+            for (int b = 0; b < GPU_TRACE_BLOCKS; b++) {
+                const gpu_trace_rec *x = &g[i].rec[b];
+                if (x->t0 && x->grid == g[i].grid)
+                    fprintf(bf, "%-11s %4d %4d %3u %9.2f %9.2f %9.2f %9.2f %9.2f\n",
+                            g[i].tag < GT_N ? names[g[i].tag] : "?", i - i0, b, x->sm, GF_US(x->t0),
+                            GF_US(x->tw), GF_US(x->tr), GF_US(x->tm), GF_US(x->t1));
+            }
+        fclose(bf);
     }
 #undef GF_US
     fclose(f);
