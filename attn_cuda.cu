@@ -283,6 +283,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     float L = 0.0f;
     for (int s = 0; s < S; s++)
         L = fmaf(wbuf[s], lbuf[s], L);
+    GPU_TRACE_AT(1);   /* M and L formed */
     float v[16];
 #pragma unroll
     for (int k = 0; k < 16; k++)
@@ -307,6 +308,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         if (lane + 32 * k < E)
             part[wp][lane + 32 * k] = v[k];
     __syncthreads();
+    GPU_TRACE_AT(2);   /* the warps' sums in shared memory */
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (int e = tid; e < E; e += 32 * AK_MERGE_W) {
         float x = 0.0f;
@@ -1385,6 +1387,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     /* the block's merge: each warp's (m, l, Oᵀ) in the rings' place */
     akd_wait<0>();
     __syncthreads();
+    GPU_TRACE_AT(1);   /* the steps done */
     /* (NW, NR) maxima, then each warp's weight exp(m - M); (NW, NR) sums;
      * (NR) M and (NR) L; Oᵀ by akd_opos */
     float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ms = lw + NW * NR, *ow = ms + 2 * NR;
@@ -1428,6 +1431,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         ms[NR + r] = L;
     }
     __syncthreads();
+    GPU_TRACE_AT(2);   /* the warps' partials in shared memory, M and L formed */
     /* thread k·32·NW + tid: element idx of the rows; a warp's 32 one block
      * of 32 of a row. The sums first, their loads in flight together */
     constexpr int NI = NR * E / (NW * 32);

@@ -3226,18 +3226,20 @@ static void gf_trace_write(void)
                 GF_US(x->tml));
     }
     /* $STRATA_GPU_TRACE_BLOCKS: the same step block by block (kernel, its
-     * index in the step, block, SM, then start, wait, release, mark, end) */
+     * index in the step, block, SM, then start, wait, release, mark, end,
+     * GPU_TRACE_AT 1..3) */
     const char *bpath = getenv("STRATA_GPU_TRACE_BLOCKS");
     FILE *bf = bpath && *bpath ? fopen(bpath, "w") : NULL;
     if (bf) {
-        fprintf(bf, "# kernel step_index block sm start wait release mark end (us)\n");
+        fprintf(bf, "# kernel step_index block sm start wait release mark end at1 at2 at3 (us)\n");
         for (int i = i0; i < i1; i++)
             for (int b = 0; b < GPU_TRACE_BLOCKS; b++) {
                 const gpu_trace_rec *x = &g[i].rec[b];
                 if (x->t0 && x->grid == g[i].grid)
-                    fprintf(bf, "%-11s %4d %4d %3u %9.2f %9.2f %9.2f %9.2f %9.2f\n",
+                    fprintf(bf, "%-11s %4d %4d %3u %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
                             g[i].tag < GT_N ? names[g[i].tag] : "?", i - i0, b, x->sm, GF_US(x->t0),
-                            GF_US(x->tw), GF_US(x->tr), GF_US(x->tm), GF_US(x->t1));
+                            GF_US(x->tw), GF_US(x->tr), GF_US(x->tm), GF_US(x->t1), GF_US(x->tx[0]),
+                            GF_US(x->tx[1]), GF_US(x->tx[2]));
             }
         fclose(bf);
     }

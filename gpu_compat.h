@@ -185,7 +185,8 @@ static __device__ __forceinline__ void gpu_syncwarp()
  * device's nanosecond clock: when it started, when it reached
  * gpu_grid_wait and when the wait returned (the kernel ahead done and its
  * writes shown), when it first passed GPU_TRACE_MARK() (a point of the
- * kernel's own), and when its last warp ended. Records live in a ring of
+ * kernel's own) and GPU_TRACE_AT(1..3) (three more, for the block by block
+ * file), and when its last warp ended. Records live in a ring of
  * GPU_TRACE_GRIDS launches by %gridid (a graph's kernels keep theirs from
  * replay to replay, so the ring holds the last replay), GPU_TRACE_BLOCKS
  * blocks a launch (blocks past that are not recorded); each file that
@@ -199,6 +200,7 @@ enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NOR
 #define GPU_TRACE_BLOCKS 1024
 struct gpu_trace_rec {
     unsigned long long grid, t0, tw, tr, t1, tm;   /* start, at the wait, past it, end, GPU_TRACE_MARK */
+    unsigned long long tx[3];                      /* GPU_TRACE_AT(1..3) */
     unsigned tag, sm;
 };
 static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
@@ -227,6 +229,7 @@ struct gpu_trace_scope {
             unsigned sm;
             asm("mov.u32 %0, %%smid;" : "=r"(sm));
             r->grid = g, r->t0 = t, r->tw = r->tr = r->tm = r->t1 = 0, r->tag = tag, r->sm = sm;
+            r->tx[0] = r->tx[1] = r->tx[2] = 0;
         }
     }
     __device__ ~gpu_trace_scope()
@@ -249,6 +252,16 @@ static __device__ __forceinline__ void gpu_trace_mark()
 }
 #define GPU_TRACE_MARK() gpu_trace_mark()
 
+/* the same for point k = 1..3 */
+static __device__ __forceinline__ void gpu_trace_at(int k)
+{
+    unsigned long long g;
+    gpu_trace_rec *r = gpu_trace_at(&g);
+    if (r && threadIdx.x == 0 && !r->tx[k - 1])
+        r->tx[k - 1] = gpu_clock_ns();
+}
+#define GPU_TRACE_AT(k) gpu_trace_at(k)
+
 /* the ring, for the host (bytes to dst; 0 or the runtime's error) */
 static inline int gpu_trace_copy(void *dst)
 {
@@ -257,6 +270,7 @@ static inline int gpu_trace_copy(void *dst)
 #else
 #define GPU_TRACE(tag) ((void)0)
 #define GPU_TRACE_MARK() ((void)0)
+#define GPU_TRACE_AT(k) ((void)0)
 #endif
 
 /* Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
