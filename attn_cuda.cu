@@ -881,7 +881,7 @@ struct akd_shape {
     static constexpr int STAGE = C * (KS + VS);
     static constexpr int NST = NSTQ ? NSTQ : 3 * STAGE * NW <= 65536 ? 3 : 2;
     static constexpr int RING = NW * NST * STAGE;
-    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 2 * 8 * NB) * 4; /* per warp row m (then its weight), l and Oᵀ (akd_opos: up to E + 4); per row M, L */
+    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 3 * 8 * NB) * 4; /* per warp row m (then its weight), l and Oᵀ (akd_opos: up to E + 4); per row M, L and its output row */
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
     static constexpr int PLD = C + 8;
     static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;
@@ -1389,8 +1389,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     __syncthreads();
     GPU_TRACE_AT(1);   /* the steps done */
     /* (NW, NR) maxima, then each warp's weight exp(m - M); (NW, NR) sums;
-     * (NR) M and (NR) L; Oᵀ by akd_opos */
-    float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ms = lw + NW * NR, *ow = ms + 2 * NR;
+     * (NR) M, (NR) L and (NR) output rows; Oᵀ by akd_opos */
+    float *mw = (float *)ak_smem, *lw = mw + NW * NR, *ms = lw + NW * NR, *ow = ms + 3 * NR;
+    int *orow = (int *)(ms + 2 * NR);
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
@@ -1414,7 +1415,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             }
     }
     __syncthreads();
-    if (threadIdx.x < NR) {   /* row r: M, each warp's weight, L, once (not per element) */
+    if (threadIdx.x < NR) {   /* row r: M, each warp's weight, L and where it goes, once (not per element) */
         int r = threadIdx.x;
         float M = -INFINITY, L = 0.0f;
 #pragma unroll
@@ -1429,6 +1430,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         }
         ms[r] = M;
         ms[NR + r] = L;
+        orow[r] = out_row(r);
     }
     __syncthreads();
     GPU_TRACE_AT(2);   /* the warps' partials in shared memory, M and L formed */
@@ -1445,25 +1447,29 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             for (int v = 0; v < NW; v++)
                 acc[k] = fmaf(mw[v * NR + r], ow[akd_opos<ROW, E>(v * NR + r, e)], acc[k]);
     }
-    int TH = a.T * a.H;
+    /* this partition's partials (acc and ml); the row's offset formed once
+     * above: its divisions by G, done here for every element, were most of
+     * the block's last instructions (BENCH.md, twenty-first pass) */
+    size_t p0r = (size_t)s * a.T * a.H;
+    float *accp = a.acc + p0r * E, *mlp = a.ml + p0r * 2;
 #pragma unroll
     for (int k = 0; k < NI; k++) {
         int idx = threadIdx.x + k * NW * 32, r = idx / E, e = idx % E;
         if (r >= R)
             break;
         float M = ms[r], L = ms[NR + r];
+        int orr = orow[r];
         if (direct) {
-            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)out_row(r) * E + e, acc[k] * (L > 0.0f ? 1.0f / L : 0.0f),
+            ak_store_out(a.out, a.out_q, a.out_ds, (size_t)orr * E + e, acc[k] * (L > 0.0f ? 1.0f / L : 0.0f),
                          a.H * E, a.out_bt);
             continue;
         }
-        size_t row = (size_t)s * TH + out_row(r);
         if (e == 0) {
-            a.ml[row * 2] = M;
-            a.ml[row * 2 + 1] = L;
+            mlp[orr * 2] = M;
+            mlp[orr * 2 + 1] = L;
         }
         if (M != -INFINITY)
-            a.acc[row * E + e] = acc[k];
+            accp[orr * E + e] = acc[k];
     }
 #else
     (void)a;
