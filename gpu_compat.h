@@ -253,14 +253,14 @@ static __device__ __forceinline__ void gpu_trace_mark()
 #define GPU_TRACE_MARK() gpu_trace_mark()
 
 /* the same for point k = 1..3 */
-static __device__ __forceinline__ void gpu_trace_at(int k)
+static __device__ __forceinline__ void gpu_trace_point(int k)
 {
     unsigned long long g;
     gpu_trace_rec *r = gpu_trace_at(&g);
     if (r && threadIdx.x == 0 && !r->tx[k - 1])
         r->tx[k - 1] = gpu_clock_ns();
 }
-#define GPU_TRACE_AT(k) gpu_trace_at(k)
+#define GPU_TRACE_AT(k) gpu_trace_point(k)
 
 /* the ring, for the host (bytes to dst; 0 or the runtime's error) */
 static inline int gpu_trace_copy(void *dst)
