@@ -1447,11 +1447,12 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             for (int v = 0; v < NW; v++)
                 acc[k] = fmaf(mw[v * NR + r], ow[akd_opos<ROW, E>(v * NR + r, e)], acc[k]);
     }
-    /* this partition's partials (acc and ml); the row's offset formed once
-     * above: its divisions by G, done here for every element, were most of
-     * the block's last instructions (BENCH.md, twenty-first pass) */
-    size_t p0r = (size_t)s * a.T * a.H;
-    float *accp = a.acc + p0r * E, *mlp = a.ml + p0r * 2;
+    /* this partition's partials (acc and ml, T·H rows from row s·T·H); a
+     * row's offset formed once above: its divisions by G, done here for
+     * every element, were most of the block's last instructions (BENCH.md,
+     * twenty-first pass) */
+    size_t srow = (size_t)s * a.T * a.H;
+    float *accp = a.acc + srow * E, *mlp = a.ml + srow * 2;
 #pragma unroll
     for (int k = 0; k < NI; k++) {
         int idx = threadIdx.x + k * NW * 32, r = idx / E, e = idx % E;
