@@ -3170,10 +3170,10 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
             GF_TMIN(g.t0, x->t0);
             GF_TMIN(g.tw, x->tw);
             GF_TMIN(g.tr, x->tr);
-            GF_TMIN(g.tm, x->tm);
+            GF_TMIN(g.tm, x->tm[0]);
 #undef GF_TMIN
             g.trl = x->tr > g.trl ? x->tr : g.trl;
-            g.tml = x->tm > g.tml ? x->tm : g.tml;
+            g.tml = x->tm[0] > g.tml ? x->tm[0] : g.tml;
             g.t1 = x->t1 > g.t1 ? x->t1 : g.t1;
         }
         g.rec = b, g.grid = last;
@@ -3183,10 +3183,15 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
     return n;
 }
 
-static void gf_trace_write(void)
+static const char *gf_trace_name(const gf_trace_grid *g)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
                                       "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope"};
+    return g->tag < GT_N ? names[g->tag] : "?";
+}
+
+static void gf_trace_write(void)
+{
     const char *path = getenv("STRATA_GPU_TRACE");
     if (!path || !*path)
         return;
@@ -3220,8 +3225,7 @@ static void gf_trace_write(void)
     for (int i = i0; i < i1; i++) {
         const gf_trace_grid *x = &g[i];
         double sync = i > i0 && x->tr ? GF_US(x->tr) - GF_US(g[i - 1].t1) : 0.0;
-        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f %9.2f %9.2f\n",
-                x->tag < GT_N ? names[x->tag] : "?", x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
+        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f %9.2f %9.2f\n", gf_trace_name(x), x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
                 GF_US(x->trl), GF_US(x->t1), sync, x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0, GF_US(x->tm),
                 GF_US(x->tml));
     }
@@ -3237,9 +3241,8 @@ static void gf_trace_write(void)
                 const gpu_trace_rec *x = &g[i].rec[b];
                 if (x->t0 && x->grid == g[i].grid)
                     fprintf(bf, "%-11s %4d %4d %3u %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
-                            g[i].tag < GT_N ? names[g[i].tag] : "?", i - i0, b, x->sm, GF_US(x->t0),
-                            GF_US(x->tw), GF_US(x->tr), GF_US(x->tm), GF_US(x->t1), GF_US(x->tx[0]),
-                            GF_US(x->tx[1]), GF_US(x->tx[2]));
+                            gf_trace_name(&g[i]), i - i0, b, x->sm, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
+                            GF_US(x->tm[0]), GF_US(x->t1), GF_US(x->tm[1]), GF_US(x->tm[2]), GF_US(x->tm[3]));
             }
         fclose(bf);
     }

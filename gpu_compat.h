@@ -199,8 +199,8 @@ enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NOR
 #define GPU_TRACE_GRIDS 4096
 #define GPU_TRACE_BLOCKS 1024
 struct gpu_trace_rec {
-    unsigned long long grid, t0, tw, tr, t1, tm;   /* start, at the wait, past it, end, GPU_TRACE_MARK */
-    unsigned long long tx[3];                      /* GPU_TRACE_AT(1..3) */
+    unsigned long long grid, t0, tw, tr, t1;   /* start, at the wait, past it, end */
+    unsigned long long tm[4];                  /* GPU_TRACE_MARK, GPU_TRACE_AT(1..3) */
     unsigned tag, sm;
 };
 static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
@@ -228,8 +228,8 @@ struct gpu_trace_scope {
         if (r && threadIdx.x == 0) {
             unsigned sm;
             asm("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->grid = g, r->t0 = t, r->tw = r->tr = r->tm = r->t1 = 0, r->tag = tag, r->sm = sm;
-            r->tx[0] = r->tx[1] = r->tx[2] = 0;
+            r->grid = g, r->t0 = t, r->tw = r->tr = r->t1 = 0, r->tag = tag, r->sm = sm;
+            r->tm[0] = r->tm[1] = r->tm[2] = r->tm[3] = 0;
         }
     }
     __device__ ~gpu_trace_scope()
@@ -242,24 +242,17 @@ struct gpu_trace_scope {
 };
 #define GPU_TRACE(tag) gpu_trace_scope gpu_trace_scope_(tag)
 
-/* the first time thread 0 of the block passes here (one point a kernel) */
-static __device__ __forceinline__ void gpu_trace_mark()
-{
-    unsigned long long g;
-    gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !r->tm)
-        r->tm = gpu_clock_ns();
-}
-#define GPU_TRACE_MARK() gpu_trace_mark()
-
-/* the same for point k = 1..3 */
+/* the first time thread 0 of the block passes point k: GPU_TRACE_MARK (0,
+ * one a kernel, in the timeline) or GPU_TRACE_AT(1..3) (the block by block
+ * file only) */
 static __device__ __forceinline__ void gpu_trace_point(int k)
 {
     unsigned long long g;
     gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !r->tx[k - 1])
-        r->tx[k - 1] = gpu_clock_ns();
+    if (r && threadIdx.x == 0 && !r->tm[k])
+        r->tm[k] = gpu_clock_ns();
 }
+#define GPU_TRACE_MARK() gpu_trace_point(0)
 #define GPU_TRACE_AT(k) gpu_trace_point(k)
 
 /* the ring, for the host (bytes to dst; 0 or the runtime's error) */

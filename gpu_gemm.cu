@@ -222,7 +222,6 @@ static __host__ __device__ constexpr int gg_blck(int t)
                : 256;
 }
 
-
 /* A weight row is staged in "supersteps" of gg_sup elements (one K-quant
  * super-block, eight 32-blocks, or 32 floats): gg_rb bytes, copied as 4-byte
  * words from the aligned-down start (rows may begin at any even address), so
