@@ -229,18 +229,25 @@ static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float
 /* Partials s0, s0 + AK_MERGE_W, ... (AKM_NP of them, the warp's loads in
  * flight together) of row o into x, lane's elements; the last live one
  * stands in past the end (read, not added). */
-static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][16], const float *acc, int s0, int S, int TH,
+template <int NE>
+static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][NE], const float *acc, int s0, int S, int TH,
                                                 int o, int E, int lane)
 {
 #pragma unroll
     for (int j = 0; j < AKM_NP; j++) {
         const float *src = acc + ((size_t)min(s0 + j * AK_MERGE_W, S - 1) * TH + o) * E;
 #pragma unroll
-        for (int k = 0; k < 16; k++)
+        for (int k = 0; k < NE; k++)
             x[j][k] = lane + 32 * k < E ? src[lane + 32 * k] : 0.0f;
     }
 }
 
+/* NE: a lane's elements of a row, E <= 32·NE (akm_pick: the least power of
+ * two that holds E). The loops over them ran 16 long whatever E, each step
+ * guarded: at E = 128, three quarters of the merge's instructions did
+ * nothing, and its work after the maxima is instruction latency (BENCH.md,
+ * twenty-first pass). */
+template <int NE>
 __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 {
     GPU_TRACE(GT_MERGE);
@@ -266,8 +273,8 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
             return; /* ak_dec wrote the row */
     }
     /* the first AKM_NP partials of this warp, read with the maxima and sums below, not after them */
-    float x[AKM_NP][16];
-    akm_load(x, acc, wp, S, TH, o, E, lane);
+    float x[AKM_NP][NE];
+    akm_load<NE>(x, acc, wp, S, TH, o, E, lane);
     for (int s = tid; s < S; s += 32 * AK_MERGE_W) {
         mbuf[s] = ml[((size_t)s * TH + o) * 2];
         lbuf[s] = ml[((size_t)s * TH + o) * 2 + 1];
@@ -284,27 +291,27 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     for (int s = 0; s < S; s++)
         L = fmaf(wbuf[s], lbuf[s], L);
     GPU_TRACE_AT(1);   /* M and L formed */
-    float v[16];
+    float v[NE];
 #pragma unroll
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < NE; k++)
         v[k] = 0.0f;
     /* added in the order of s */
     for (int s0 = wp; s0 < S; s0 += AKM_NP * AK_MERGE_W) {
         if (s0 != wp)
-            akm_load(x, acc, s0, S, TH, o, E, lane);
+            akm_load<NE>(x, acc, s0, S, TH, o, E, lane);
 #pragma unroll
         for (int j = 0; j < AKM_NP; j++) {
             if (s0 + j * AK_MERGE_W >= S)
                 break;
             float wt = wbuf[s0 + j * AK_MERGE_W];
 #pragma unroll
-            for (int k = 0; k < 16; k++)
+            for (int k = 0; k < NE; k++)
                 if (lane + 32 * k < E)
                     v[k] = fmaf(wt, wt != 0.0f ? x[j][k] : 0.0f, v[k]);
         }
     }
 #pragma unroll
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < NE; k++)
         if (lane + 32 * k < E)
             part[wp][lane + 32 * k] = v[k];
     __syncthreads();
@@ -316,6 +323,13 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
             x += part[w][e];
         ak_store_out(out, m.out_q, m.out_ds, (size_t)o * E + e, x * inv, m.H * E, m.out_bt);
     }
+}
+
+typedef void (*akm_fn)(akm_args);
+
+static akm_fn akm_pick(int E)
+{
+    return E <= 64 ? ak_merge<2> : E <= 128 ? ak_merge<4> : E <= 256 ? ak_merge<8> : ak_merge<16>;
 }
 
 /* ==== ak_simt: one warp per row ==== */
@@ -1651,7 +1665,7 @@ static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gp
                            size_t errlen)
 {
     akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0};
-    ak_merge<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
+    akm_pick(m.E)<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
@@ -1852,7 +1866,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     a.unit = cf.dyn ? cs * nw : 0;
     a.pgreg = cf.pgreg;
     a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
-    GPU_TRY(cudaFuncSetAttribute((const void *)ak_merge, cudaFuncAttributePreferredSharedMemoryCarveout,
+    GPU_TRY(cudaFuncSetAttribute((const void *)akm_pick(a.E), cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cf.mc ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault),
             err, errlen);
     if (ak_env("STRATA_ATTN_DEC_LOG")) {
@@ -1868,7 +1882,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
                   g->pos0, g->sel_off, g->settled, g->out_bt};
-    GPU_TRY(gpu_launch(ak_merge, dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
+    GPU_TRY(gpu_launch(akm_pick(m.E), dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }
 
