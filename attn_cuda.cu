@@ -173,6 +173,19 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
     return n > 0 ? (n + plen - 1) / plen : 0;
 }
 
+/* A row's partials from ak_dec's `live` partitions of nw warps: one (ak_dec
+ * wrote the output) when one is live; one a warp, its fragments stored as
+ * they are, while that makes at most AKD_WARP_PARTS (ak_merge's one round
+ * of loads), so that the block's own merge of its warps, most of its time
+ * after the steps at short contexts, is left to ak_merge's; else one a
+ * partition. */
+#define AKD_WARP_PARTS 64
+
+static __device__ __forceinline__ int akd_parts(int live, int nw)
+{
+    return live > 1 && live * nw <= AKD_WARP_PARTS ? live * nw : live;
+}
+
 /* Programmatic dependent launch (sm_90, gpu_compat.h): ak_dec is launched
  * while the kernel ahead still runs and waits for it first; it lets its
  * merge be launched while its own blocks still run (the launch latency
@@ -196,17 +209,21 @@ struct akm_args {
     const int64_t *sel_off;
     int settled;   /* gpu_attn's */
     int out_bt;    /* gpu_attn's */
+    int nw;        /* ak_dec's warps a block (akd_parts) */
 };
 
 /* Row o of the output from its S partials (one block per row): weights
  * w_s = e^(m_s - M), out = Σ w_s·acc_s / Σ w_s·l_s. A partition that saw
  * no cell (m = -inf) has weight 0 and its acc, never written, is read but
- * selected away (0·NaN would not be 0). The partitions are spread over the
+ * selected away (0·NaN would not be 0). The partials are spread over the
  * block's warps so that their loads are in flight together (up to 128
  * partials a row at long contexts), each warp's sums then added in warp
- * order. */
+ * order. Every warp forms M and L itself, lane j from partials j, j + 32,
+ * ..., with shuffles: the block meets at one barrier, before the warps'
+ * sums are added (its three barriers and the loops over S in each thread
+ * were most of its time: BENCH.md, twenty-second pass). */
 #define AK_MERGE_W 8 /* warps of an ak_merge block */
-#define AKM_NP 4     /* partials a warp loads at once */
+#define AKM_LS (AK_SPLIT_MAX / 32) /* (m, l) pairs a lane holds */
 
 /* Output element i = y, also into the int8 blocks q / ds (gpu_quant.h's
  * encoder) when q is set: the calling warp holds one block of 32, element i
@@ -226,15 +243,15 @@ static __device__ __forceinline__ void ak_store_out(float *out, int8_t *q, float
     }
 }
 
-/* Partials s0, s0 + AK_MERGE_W, ... (AKM_NP of them, the warp's loads in
+/* Partials s0, s0 + AK_MERGE_W, ... (NP of them, the warp's loads in
  * flight together) of row o into x, lane's elements; the last live one
  * stands in past the end (read, not added). */
-template <int NE>
-static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][NE], const float *acc, int s0, int S, int TH,
-                                                int o, int E, int lane)
+template <int NE, int NP>
+static __device__ __forceinline__ void akm_load(float (&x)[NP][NE], const float *acc, int s0, int S, int TH, int o,
+                                                int E, int lane)
 {
 #pragma unroll
-    for (int j = 0; j < AKM_NP; j++) {
+    for (int j = 0; j < NP; j++) {
         const float *src = acc + ((size_t)min(s0 + j * AK_MERGE_W, S - 1) * TH + o) * E;
 #pragma unroll
         for (int k = 0; k < NE; k++)
@@ -243,19 +260,17 @@ static __device__ __forceinline__ void akm_load(float (&x)[AKM_NP][NE], const fl
 }
 
 /* NE: a lane's elements of a row, E <= 32·NE (akm_pick: the least power of
- * two that holds E). The loops over them ran 16 long whatever E, each step
- * guarded: at E = 128, three quarters of the merge's instructions did
- * nothing, and its work after the maxima is instruction latency (BENCH.md,
- * twenty-first pass). */
+ * two that holds E; loops 16 long whatever E, each step guarded, cost 2%
+ * of a decode step: BENCH.md, twenty-second pass). NP: the partials a warp
+ * loads at once. */
 template <int NE>
 __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
 {
     GPU_TRACE(GT_MERGE);
-    __shared__ float mbuf[AK_SPLIT_MAX], lbuf[AK_SPLIT_MAX], wbuf[AK_SPLIT_MAX];
-    __shared__ float part[AK_MERGE_W][512]; /* E <= 512 (ak_check) */
+    constexpr int NP = NE <= 4 ? 8 : 32 / NE;
+    __shared__ float part[AK_MERGE_W][32 * NE];
     int o = blockIdx.x, tid = threadIdx.x, wp = tid >> 5, lane = tid & 31, S = m.S, TH = m.TH, E = m.E;
     const float *ml = m.ml, *acc = m.acc;
-    float *out = m.out;
     /* the position before the wait where it is no kernel's output
      * (gpu_attn's settled); then the wait first of all else: the stream's
      * next kernel waits for this one alone, so this one returns only after
@@ -268,42 +283,56 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         int n = m.qsa     ? (int)(m.sel_off[t + 1] - m.sel_off[t])
               : m.multi ? (m.settled ? p0 : m.pos0[t]) + 1
                         : (m.settled ? p0 : *m.pos0) + m.T;
-        S = akd_live(n, m.S, m.unit);
+        S = akd_parts(akd_live(n, m.S, m.unit), m.nw);
         if (S == 1)
             return; /* ak_dec wrote the row */
     }
-    /* the first AKM_NP partials of this warp, read with the maxima and sums below, not after them */
-    float x[AKM_NP][NE];
-    akm_load<NE>(x, acc, wp, S, TH, o, E, lane);
-    for (int s = tid; s < S; s += 32 * AK_MERGE_W) {
-        mbuf[s] = ml[((size_t)s * TH + o) * 2];
-        lbuf[s] = ml[((size_t)s * TH + o) * 2 + 1];
+    /* the warp's first NP partials and the lane's (m, l): loads in flight together */
+    float x[NP][NE];
+    akm_load<NE, NP>(x, acc, wp, S, TH, o, E, lane);
+    /* (the loops over k stop at S for the whole warp: KS of them) */
+    int KS = (S + 31) / 32;
+    float2 ls[AKM_LS];
+#pragma unroll
+    for (int k = 0; k < AKM_LS; k++) {
+        int s = lane + 32 * k;
+        ls[k] = s < S ? *(const float2 *)(ml + ((size_t)s * TH + o) * 2) : make_float2(-INFINITY, 0.0f);
+        if (k + 1 == KS)
+            break;
     }
-    __syncthreads();
     GPU_TRACE_MARK();   /* the maxima and sums in (the measuring build) */
-    float M = -INFINITY;
-    for (int s = 0; s < S; s++)
-        M = fmaxf(M, mbuf[s]);
-    for (int s = tid; s < S; s += 32 * AK_MERGE_W)
-        wbuf[s] = mbuf[s] == -INFINITY ? 0.0f : ak_exp(mbuf[s] - M);
-    __syncthreads();
-    float L = 0.0f;
-    for (int s = 0; s < S; s++)
-        L = fmaf(wbuf[s], lbuf[s], L);
+    float M = ls[0].x;
+#pragma unroll
+    for (int k = 1; k < AKM_LS && k < KS; k++)
+        M = fmaxf(M, ls[k].x);
+    M = warp_max(M);
+    float L = 0.0f, wk[AKM_LS];   /* wk[k]: partial lane + 32k's weight */
+#pragma unroll
+    for (int k = 0; k < AKM_LS && k < KS; k++) {
+        wk[k] = ls[k].x == -INFINITY ? 0.0f : ak_exp(ls[k].x - M);
+        L = fmaf(wk[k], ls[k].y, L);
+    }
+    L = warp_sum(L);
     GPU_TRACE_AT(1);   /* M and L formed */
     float v[NE];
 #pragma unroll
     for (int k = 0; k < NE; k++)
         v[k] = 0.0f;
     /* added in the order of s */
-    for (int s0 = wp; s0 < S; s0 += AKM_NP * AK_MERGE_W) {
+    for (int s0 = wp; s0 < S; s0 += NP * AK_MERGE_W) {
         if (s0 != wp)
-            akm_load<NE>(x, acc, s0, S, TH, o, E, lane);
+            akm_load<NE, NP>(x, acc, s0, S, TH, o, E, lane);
 #pragma unroll
-        for (int j = 0; j < AKM_NP; j++) {
-            if (s0 + j * AK_MERGE_W >= S)
+        for (int j = 0; j < NP; j++) {
+            int s = s0 + j * AK_MERGE_W;
+            if (s >= S)
                 break;
-            float wt = wbuf[s0 + j * AK_MERGE_W];
+            float wt = 0.0f;   /* partial s's weight, from lane s % 32 */
+#pragma unroll
+            for (int k = 0; k < AKM_LS && k < KS; k++) {
+                float u = gpu_shfl(wk[k], s & 31);
+                wt = s >> 5 == k ? u : wt;
+            }
 #pragma unroll
             for (int k = 0; k < NE; k++)
                 if (lane + 32 * k < E)
@@ -318,10 +347,10 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
     GPU_TRACE_AT(2);   /* the warps' sums in shared memory */
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (int e = tid; e < E; e += 32 * AK_MERGE_W) {
-        float x = 0.0f;
+        float y = 0.0f;
         for (int w = 0; w < AK_MERGE_W; w++)
-            x += part[w][e];
-        ak_store_out(out, m.out_q, m.out_ds, (size_t)o * E + e, x * inv, m.H * E, m.out_bt);
+            y += part[w][e];
+        ak_store_out(m.out, m.out_q, m.out_ds, (size_t)o * E + e, y * inv, m.H * E, m.out_bt);
     }
 }
 
@@ -1037,7 +1066,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
      * unit), and one live partition writes the output itself */
     if (a.unit && e_lo >= e_hi)
         return;
-    bool direct = a.unit && akd_live(n_ent, a.S, a.unit) == 1;
+    int live = a.unit ? akd_live(n_ent, a.S, a.unit) : a.S;
+    bool direct = a.unit && live == 1, per_warp = a.unit && akd_parts(live, NW) > live;
     gpu_grid_launch_dependents();
     /* the warp's step i into stage i % NST: the 2·C rows (K rows of its C
      * entries, then their V rows), lane + 32k pointing at row lane + 32k
@@ -1398,8 +1428,37 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         __syncwarp(); /* the stage and the Pᵀ tile are read */
     }
 
-    /* the block's merge: each warp's (m, l, Oᵀ) in the rings' place */
     akd_wait<0>();
+    if (per_warp) {
+        /* partial p = s·NW + w of each row, from the fragments */
+        size_t TH = (size_t)a.T * a.H, p = (size_t)s * NW + w;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float lt = l[nb][c];
+                lt += gpu_shfl_xor(lt, 4);
+                lt += gpu_shfl_xor(lt, 8);
+                lt += gpu_shfl_xor(lt, 16);
+                int r = 8 * nb + 2 * t4 + c;
+                if (r >= R)
+                    continue;
+                size_t row = p * TH + out_row(r);
+                if (g == 0) {
+                    a.ml[row * 2] = m[nb][c];
+                    a.ml[row * 2 + 1] = lt;
+                }
+                if (m[nb][c] == -INFINITY)
+                    continue;   /* weight 0: ak_merge reads acc but not its value */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int e = (ROW == ROW_I8C ? 4 * akd_vword(mt >> 1, g) : 32 * (mt >> 1) + 4 * g) + 2 * (mt & 1);
+                    *(float2 *)(a.acc + row * E + e) = make_float2(O[nb][mt][c], O[nb][mt][2 + c]);
+                }
+            }
+        return;
+    }
+    /* the block's merge: each warp's (m, l, Oᵀ) in the rings' place */
     __syncthreads();
     GPU_TRACE_AT(1);   /* the steps done */
     /* (NW, NR) maxima, then each warp's weight exp(m - M); (NW, NR) sums;
@@ -1594,7 +1653,7 @@ size_t gpu_attn_scratch_bytes(int H, int T, int max_cells, int E)
 {
     size_t Td = T < 1 ? 1 : T > AK_DECODE_T ? AK_DECODE_T : T;
     size_t Sc = (size_t)((max_cells + AK_BC - 1) / AK_BC);
-    Sc = Sc < 1 ? 1 : Sc > AK_SPLIT_MAX ? AK_SPLIT_MAX : Sc;
+    Sc = Sc < AKD_WARP_PARTS ? AKD_WARP_PARTS : Sc > AK_SPLIT_MAX ? AK_SPLIT_MAX : Sc;   /* akd_parts' too */
     size_t rows = Sc * Td * (size_t)(H > 0 ? H : 1);
     size_t mine = (ak_round64(rows * 2) + rows * (size_t)(E > 0 ? E : 1)) * sizeof(float);
     /* the table may pick attn_hip.hip's kernels (STRATA_ATTN_PRE75=1, old cards) */
@@ -1664,7 +1723,7 @@ static ak_args ak_args_of(const struct gpu_attn *g, int qsa)
 static int ak_launch_merge(const struct gpu_attn *g, const ak_args &a, int S, gpuStream_t st, char *err,
                            size_t errlen)
 {
-    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0};
+    akm_args m = {a.ml, a.acc, g->out, NULL, NULL, S, g->T * g->H, g->kv.E, 0, g->T, g->H, 0, 0, NULL, NULL, 0, 0, 0};
     akm_pick(m.E)<<<m.TH, 32 * AK_MERGE_W, 0, st>>>(m);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
@@ -1861,9 +1920,9 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
             return -1;
     }
     ak_split(g->max_cells, a.K * Z, sms, per_sm, AK_SPLIT_MAX, &S, &a.plen);
-    ak_partials(g, &a, S);
     a.S = S;
     a.unit = cf.dyn ? cs * nw : 0;
+    ak_partials(g, &a, a.unit && S < AKD_WARP_PARTS ? AKD_WARP_PARTS : S);
     a.pgreg = cf.pgreg;
     a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
     GPU_TRY(cudaFuncSetAttribute((const void *)akm_pick(a.E), cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -1881,7 +1940,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     }
     GPU_TRY(gpu_launch(fn, dim3(S, a.K, Z), dim3(32 * nw), smem, st, cf.pdl, a), err, errlen);
     akm_args m = {a.ml, a.acc, g->out, a.out_q, a.out_ds, S, g->T * g->H, a.E, a.unit, g->T, g->H, qsa, a.multi,
-                  g->pos0, g->sel_off, g->settled, g->out_bt};
+                  g->pos0, g->sel_off, g->settled, g->out_bt, nw};
     GPU_TRY(gpu_launch(akm_pick(m.E), dim3(m.TH), dim3(32 * AK_MERGE_W), 0, st, cf.pdl, m), err, errlen);
     return g->out_q ? 1 : 0;
 }
