@@ -1972,31 +1972,19 @@ __global__ void gf_rope_kernel(gf_qkv p)
     }
 }
 
-/* gf_qkv_kernel: a warp a head, GF_QKV_WARPS heads a block, each warp its
- * own row of shared memory sized to the head (E values, E norm weights,
- * n_rot/2 cosines and sines) */
-#define GF_QKV_WARPS 4
-
-static __host__ __device__ size_t gf_qkv_smem(int E, int n_rot)
+/* gf_qkv_kernel's shared memory, sized to the head (it was 12 KB of fixed
+ * arrays, whatever the head; BENCH.md, twentieth pass: tg128 level) */
+static size_t gf_qkv_smem(int E, int n_rot)
 {
     return (size_t)(2 * E + n_rot) * sizeof(float);
 }
 
-/* block (t, heads GF_QKV_WARPS·y ..): warp w takes head GF_QKV_WARPS·y + w
- * of H+K+K (q heads, then k, then v) alone, element lane + 32i of it in
- * its lanes, and meets the other lanes at gpu_syncwarp only. (A head was a
- * block of 128 threads meeting at four barriers; its 48 blocks landed on
- * the two or three SMs the q/k/v product's blocks left first and took
- * 3-3.5 µs there: BENCH.md, twenty-second pass.) */
-__global__ void __launch_bounds__(GF_QKV_WARPS * GPU_WARP) gf_qkv_kernel(gf_qkv p)
+/* block (t, head of H+K+K): q heads, then k, then v */
+__global__ void gf_qkv_kernel(gf_qkv p)
 {
     GPU_TRACE(GT_QKV);
-    extern __shared__ float qkv_rows[];
-    int lane = threadIdx.x % GPU_WARP, w = threadIdx.x / GPU_WARP;
-    int t = blockIdx.x, hd = blockIdx.y * GF_QKV_WARPS + w, E = p.E, half = p.n_rot / 2;
-    if (hd >= p.H + 2 * p.K)
-        return;
-    float *hv = qkv_rows + (size_t)w * (gf_qkv_smem(E, p.n_rot) / sizeof(float));
+    extern __shared__ float hv[];   /* E values, E norm weights, n_rot/2 cosines and sines (gf_qkv_smem) */
+    int t = blockIdx.x, hd = blockIdx.y, E = p.E, half = p.n_rot / 2;
     float *nwv = hv + E, *co = nwv + E, *si = co + half;
     float *x;
     const float *b, *nw;
@@ -2011,16 +1999,15 @@ __global__ void __launch_bounds__(GF_QKV_WARPS * GPU_WARP) gf_qkv_kernel(gf_qkv 
     }
     /* Before the wait only the loads of the weights (the bias, the norm's:
      * no kernel writes them), into registers, in flight during the wait and
-     * not waited for before it (the first GF_QKV_PRE·32 of a head; any past
-     * that after it). The norm's weights come from memory, not L2: waited
-     * for after the wait, they made the late blocks late again (BENCH.md,
+     * not waited for before it (the first 2·128 of a head; any past that
+     * after it). The norm's weights come from memory, not L2: waited for
+     * after the wait, they made the late blocks late again (BENCH.md,
      * twenty-first pass). The position, page, cosines and sines come from
      * gf_rope_kernel, further up the chain, so after the wait. */
-    enum { GF_QKV_PRE = 4 };
-    float wb[GF_QKV_PRE], wn[GF_QKV_PRE];
+    float wb[2], wn[2];
 #pragma unroll
-    for (int k = 0; k < GF_QKV_PRE; k++) {
-        int i = lane + k * GPU_WARP;
+    for (int k = 0; k < 2; k++) {
+        int i = threadIdx.x + k * blockDim.x;
         wb[k] = b && i < E ? b[i] : 0.0f;
         wn[k] = nw && i < E ? nw[i] : 0.0f;
     }
@@ -2028,56 +2015,56 @@ __global__ void __launch_bounds__(GF_QKV_WARPS * GPU_WARP) gf_qkv_kernel(gf_qkv 
     int cell = p.pos_t ? p.pos_t[t] : *p.pos0 + t;
     int pg = p.kv.pages && hd >= p.H ? p.pg[t] : 0;
 #pragma unroll
-    for (int k = 0; k < GF_QKV_PRE; k++) {
-        int i = lane + k * GPU_WARP;
+    for (int k = 0; k < 2; k++) {
+        int i = threadIdx.x + k * blockDim.x;
         if (i < E) {
             hv[i] = b ? x[i] + wb[k] : x[i];
             nwv[i] = wn[k];
         }
     }
-    for (int i = lane + GF_QKV_PRE * GPU_WARP; i < E; i += GPU_WARP) {
+    for (int i = threadIdx.x + 2 * blockDim.x; i < E; i += blockDim.x) {
         hv[i] = b ? x[i] + b[i] : x[i];
         if (nw)
             nwv[i] = nw[i];
     }
     if (hd < p.H + p.K)
-        for (int i = lane; i < half; i += GPU_WARP)
+        for (int i = threadIdx.x; i < half; i += blockDim.x)
             co[i] = p.cs[(size_t)t * p.n_rot + i], si[i] = p.cs[(size_t)t * p.n_rot + half + i];
-    gpu_syncwarp();
+    __syncthreads();
     GPU_TRACE_MARK();   /* the head's values in (the measuring build) */
     /* the cells are encoded from hv (shared), not read back from x */
     if (hd >= p.H + p.K) {
-        if (b)
-            for (int i = lane; i < E; i += GPU_WARP)
-                x[i] = hv[i];
-        if (p.kv.pages)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            x[i] = hv[i];
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
             gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, hv);
         return;
     }
     if (nw) {
         double s = 0;
-        for (int i = lane; i < E; i += GPU_WARP)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
             s += (double)__fmul_rn(hv[i], hv[i]);
-        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
-            s += gpu_shfl_xor(s, m);
+        s = gf_block_sum(s);
         float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
-        for (int i = lane; i < E; i += GPU_WARP)
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
             hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
-        gpu_syncwarp();
+        __syncthreads();
     }
-    for (int i = lane; i < half; i += GPU_WARP) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos);
-         * a pair is this lane's alone, so it is rotated in place too */
+         * a pair is this thread's alone, so it is rotated in place too */
         x[i0] = hv[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
         x[i1] = hv[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
-    for (int i = 2 * half + lane; i < E; i += GPU_WARP)
+    for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
         x[i] = hv[i];
-    if (hd >= p.H && p.kv.pages) {
-        gpu_syncwarp();
-        gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, hv);
+    if (hd >= p.H) {
+        __syncthreads();
+        if (p.kv.pages && threadIdx.x < 32)
+            gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, hv);
     }
 }
 
@@ -3041,8 +3028,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL;
     qp.H = H, qp.K = K, qp.E = E, qp.neox = hp->rope_neox, qp.eps = hp->rms_eps;
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    gf_launch(gf_qkv_kernel, dim3(T, (H + 2 * K + GF_QKV_WARPS - 1) / GF_QKV_WARPS), GF_QKV_WARPS * GPU_WARP,
-              GF_QKV_WARPS * gf_qkv_smem(E, hp->n_rot), s, qp);
+    size_t qsm = gf_qkv_smem(E, hp->n_rot);
+    const char *xq = getenv("STRATA_X_QKV_SMEM");   /* EXPERIMENT: the shared memory a block asks for */
+    if (xq && (size_t)atoi(xq) > qsm)
+        qsm = (size_t)atoi(xq);
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, qsm, s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
