@@ -3028,11 +3028,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL;
     qp.H = H, qp.K = K, qp.E = E, qp.neox = hp->rope_neox, qp.eps = hp->rms_eps;
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    size_t qsm = gf_qkv_smem(E, hp->n_rot);
-    const char *xq = getenv("STRATA_X_QKV_SMEM");   /* EXPERIMENT: the shared memory a block asks for */
-    if (xq && (size_t)atoi(xq) > qsm)
-        qsm = (size_t)atoi(xq);
-    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, qsm, s, qp);
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
