@@ -181,9 +181,14 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
  * partition. */
 #define AKD_WARP_PARTS 64
 
+static __device__ __forceinline__ bool akd_per_warp(int live, int nw)
+{
+    return live > 1 && live * nw <= AKD_WARP_PARTS;
+}
+
 static __device__ __forceinline__ int akd_parts(int live, int nw)
 {
-    return live > 1 && live * nw <= AKD_WARP_PARTS ? live * nw : live;
+    return akd_per_warp(live, nw) ? live * nw : live;
 }
 
 /* Programmatic dependent launch (sm_90, gpu_compat.h): ak_dec is launched
@@ -1066,8 +1071,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
      * unit), and one live partition writes the output itself */
     if (a.unit && e_lo >= e_hi)
         return;
-    int live = a.unit ? akd_live(n_ent, a.S, a.unit) : a.S;
-    bool direct = a.unit && live == 1, per_warp = a.unit && akd_parts(live, NW) > live;
+    bool direct = a.unit && akd_live(n_ent, a.S, a.unit) == 1;
     gpu_grid_launch_dependents();
     /* the warp's step i into stage i % NST: the 2·C rows (K rows of its C
      * entries, then their V rows), lane + 32k pointing at row lane + 32k
@@ -1429,7 +1433,10 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     }
 
     akd_wait<0>();
-    if (per_warp) {
+    /* (the live partitions counted again here: kept from the top, the count
+     * cost 10-16 registers a thread, and the 32-entry int8 kernel of long
+     * contexts its third block an SM: BENCH.md, twenty-second pass) */
+    if (a.unit && akd_per_warp(akd_live(n_ent, a.S, a.unit), NW)) {
         /* partial p = s·NW + w of each row, from the fragments */
         size_t TH = (size_t)a.T * a.H, p = (size_t)s * NW + w;
 #pragma unroll
