@@ -176,7 +176,7 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
 /* A row's partials from ak_dec's `live` partitions of nw warps: one (ak_dec
  * wrote the output) when one is live; one a warp, its fragments stored as
  * they are, while that makes at most AKD_WARP_PARTS (ak_merge's one round
- * of loads), so that the block's own merge of its warps, most of its time
+ * of loads at E <= 128), so that the block's own merge of its warps, most of its time
  * after the steps at short contexts, is left to ak_merge's; else one a
  * partition. */
 #define AKD_WARP_PARTS 64
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(32 * AK_MERGE_W) ak_merge(akm_args m)
         if (k + 1 == KS)
             break;
     }
-    GPU_TRACE_MARK();   /* the maxima and sums in (the measuring build) */
+    GPU_TRACE_MARK();   /* the loads issued (the measuring build) */
     float M = ls[0].x;
 #pragma unroll
     for (int k = 1; k < AKM_LS && k < KS; k++)
@@ -1010,8 +1010,10 @@ static __device__ __forceinline__ void akd_i8x4(uint32_t w, uint32_t *lo, uint32
  * (dense; row r: query r / G, head h·G + r % G, causal) or query z's G
  * rows over its list (QSA), R <= 8·NB. Each warp walks every NW-th step of
  * C entries (16 or 32) of the partition, loaded by cp.async NST - 1 steps
- * ahead, and keeps its own online softmax; the block merges its warps at
- * the end and writes one partial per row. The products are transposed so
+ * ahead, and keeps its own online softmax; at the end each warp writes
+ * its own partial of each row while the live partitions are few
+ * (akd_per_warp), else the block merges its warps and writes one partial
+ * per row. The products are transposed so
  * that the cells fill the 16 rows of the mma (C / 16 m-tiles) and the few
  * query rows its 8 columns: Sᵀ = K·Qᵀ (A = 16 K rows, B = Q as f16 hi +
  * lo, in registers), then Oᵀ += Vᵀ·Pᵀ (A = Vᵀ, B = P as hi + lo through
@@ -1929,7 +1931,7 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     ak_split(g->max_cells, a.K * Z, sms, per_sm, AK_SPLIT_MAX, &S, &a.plen);
     a.S = S;
     a.unit = cf.dyn ? cs * nw : 0;
-    ak_partials(g, &a, a.unit && S < AKD_WARP_PARTS ? AKD_WARP_PARTS : S);
+    ak_partials(g, &a, a.unit && S < AKD_WARP_PARTS ? AKD_WARP_PARTS : S);   /* room for akd_parts' */
     a.pgreg = cf.pgreg;
     a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
     GPU_TRY(cudaFuncSetAttribute((const void *)akm_pick(a.E), cudaFuncAttributePreferredSharedMemoryCarveout,
