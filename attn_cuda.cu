@@ -176,9 +176,9 @@ static __device__ __forceinline__ int akd_live(int n, int S, int unit)
 /* A row's partials from ak_dec's `live` partitions of nw warps: one (ak_dec
  * wrote the output) when one is live; one a warp, its fragments stored as
  * they are, while that makes at most AKD_WARP_PARTS (ak_merge's one round
- * of loads at E <= 128), so that the block's own merge of its warps, most of its time
- * after the steps at short contexts, is left to ak_merge's; else one a
- * partition. */
+ * of loads at E <= 128), so that the block's own merge of its warps, most
+ * of its time after the steps at short contexts, is left to ak_merge's;
+ * else one a partition. */
 #define AKD_WARP_PARTS 64
 
 static __device__ __forceinline__ bool akd_per_warp(int live, int nw)
