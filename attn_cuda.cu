@@ -1435,6 +1435,19 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     }
 
     akd_wait<0>();
+    /* each row's l summed over the lanes' cells (g) */
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            l[nb][c] += gpu_shfl_xor(l[nb][c], 4);
+            l[nb][c] += gpu_shfl_xor(l[nb][c], 8);
+            l[nb][c] += gpu_shfl_xor(l[nb][c], 16);
+        }
+    /* Oᵀ[nb][mt][i] is row 8nb + 2t4 + (i & 1), element akd_oe(mt) + (i >> 1) */
+    auto akd_oe = [&](int mt) {
+        return (ROW == ROW_I8C ? 4 * akd_vword(mt >> 1, g) : 32 * (mt >> 1) + 4 * g) + 2 * (mt & 1);
+    };
     /* (the live partitions counted again here: kept from the top, the count
      * cost 10-16 registers a thread, and the 32-entry int8 kernel of long
      * contexts its third block an SM: BENCH.md, twenty-second pass) */
@@ -1445,25 +1458,19 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         for (int nb = 0; nb < NB; nb++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                float lt = l[nb][c];
-                lt += gpu_shfl_xor(lt, 4);
-                lt += gpu_shfl_xor(lt, 8);
-                lt += gpu_shfl_xor(lt, 16);
                 int r = 8 * nb + 2 * t4 + c;
                 if (r >= R)
                     continue;
                 size_t row = p * TH + out_row(r);
                 if (g == 0) {
                     a.ml[row * 2] = m[nb][c];
-                    a.ml[row * 2 + 1] = lt;
+                    a.ml[row * 2 + 1] = l[nb][c];
                 }
                 if (m[nb][c] == -INFINITY)
                     continue;   /* weight 0: ak_merge reads acc but not its value */
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int e = (ROW == ROW_I8C ? 4 * akd_vword(mt >> 1, g) : 32 * (mt >> 1) + 4 * g) + 2 * (mt & 1);
-                    *(float2 *)(a.acc + row * E + e) = make_float2(O[nb][mt][c], O[nb][mt][2 + c]);
-                }
+                for (int mt = 0; mt < MT; mt++)
+                    *(float2 *)(a.acc + row * E + akd_oe(mt)) = make_float2(O[nb][mt][c], O[nb][mt][2 + c]);
             }
         return;
     }
@@ -1477,24 +1484,16 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            float lt = l[nb][c];
-            lt += gpu_shfl_xor(lt, 4);
-            lt += gpu_shfl_xor(lt, 8);
-            lt += gpu_shfl_xor(lt, 16);
+        for (int c = 0; c < 2; c++)
             if (g == 0) {
                 mw[w * NR + 8 * nb + 2 * t4 + c] = m[nb][c];
-                lw[w * NR + 8 * nb + 2 * t4 + c] = lt;
+                lw[w * NR + 8 * nb + 2 * t4 + c] = l[nb][c];
             }
-        }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = 8 * nb + 2 * t4 + (i & 1);
-                int e = (ROW == ROW_I8C ? 4 * akd_vword(mt >> 1, g) : 32 * (mt >> 1) + 4 * g) + (i >> 1) + 2 * (mt & 1);
-                ow[akd_opos<ROW, E>(w * NR + r, e)] = O[nb][mt][i];
-            }
+            for (int i = 0; i < 4; i++)
+                ow[akd_opos<ROW, E>(w * NR + 8 * nb + 2 * t4 + (i & 1), akd_oe(mt) + (i >> 1))] = O[nb][mt][i];
     }
     __syncthreads();
     if (threadIdx.x < NR) {   /* row r: M, each warp's weight, L and where it goes, once (not per element) */
