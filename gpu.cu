@@ -581,7 +581,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    int pf;   /* EXPERIMENT (STRATA_X_MVK_PF=n): gf_mvk_kernel prefetches into L2 the rows n rounds past the next */
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -1015,21 +1014,6 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-/* The weight lines of the R rows from r0 within this warp's slice (nl
- * 128-byte lines from byte pb of each row), a line a lane, into L2 */
-template <int R>
-static __device__ __forceinline__ void gf_mvk_prefetch(const gf_mv &p, int r0, int total, size_t pb, int nl, int lane)
-{
-    if (lane >= nl)
-        return;
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        int r = r0 + j < total ? r0 + j : total - 1;
-        int rr, pt = gf_mv_part(p, r, &rr);
-        gpu_prefetch_l2(p.w[pt] + (size_t)rr * p.ldw + pb + 128 * (size_t)lane);
-    }
-}
-
 template <int UL>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
@@ -1083,11 +1067,6 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
      * for */
     int writer = threadIdx.x < RT;
     float yo = writer && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
-    /* this slice's superblocks of a row: bytes pb.., nl lines (one more for
-     * a row start off a line) */
-    int sb0 = slice * UL * 8, nsb = min(UL * 8, U / 4 - sb0);
-    size_t pb = (size_t)sb0 * 144 + eo;
-    int nl = p.pf && !p.ne && nsb > 0 ? (nsb * 144 + 127) / 128 + 1 : 0;
     for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
@@ -1096,9 +1075,6 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
             if (writer)
                 yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
         }
-        int tp = tile + (1 + p.pf) * (int)gridDim.x;
-        if (nl && tp < tiles)
-            gf_mvk_prefetch<R>(p, tp * RT + sub * R, total, pb, nl, lane);
         float acc[R];
 #pragma unroll
         for (int j = 0; j < R; j++) {
@@ -2641,10 +2617,7 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
     dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_mv q = p;
-    const char *pf = getenv("STRATA_X_MVK_PF");
-    q.pf = pf ? atoi(pf) : 0;
-    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, q);
+    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */

@@ -288,16 +288,6 @@ static __device__ __forceinline__ void gpu_grid_wait()
 #endif
 }
 
-/* A hint: the 128-byte line at p into L2 (nothing under HIP) */
-static __device__ __forceinline__ void gpu_prefetch_l2(const void *p)
-{
-#if defined(GPU_CUDA)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-    (void)p;
-#endif
-}
-
 static __device__ __forceinline__ void gpu_grid_launch_dependents()
 {
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
