@@ -929,7 +929,9 @@ struct akd_shape {
     static constexpr int STAGE = C * (KS + VS);
     static constexpr int NST = NSTQ ? NSTQ : 3 * STAGE * NW <= 65536 ? 3 : 2;
     static constexpr int RING = NW * NST * STAGE;
-    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 3 * 8 * NB) * 4; /* per warp row m (then its weight), l and Oᵀ (akd_opos: up to E + 4); per row M, L and its output row */
+    /* per warp row m (then its weight), l and Oᵀ (akd_opos: up to E + 4);
+     * per row M, L and its output row */
+    static constexpr int MERGE = (NW * 8 * NB * (E + 6) + 3 * 8 * NB) * 4;
     static constexpr int BIG = RING > MERGE ? RING : MERGE;
     static constexpr int PLD = C + 8;
     static constexpr int SMEM = BIG + NW * 2 * C * 8 + NW * 8 * NB * PLD * 4;

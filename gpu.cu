@@ -3225,9 +3225,9 @@ static void gf_trace_write(void)
     for (int i = i0; i < i1; i++) {
         const gf_trace_grid *x = &g[i];
         double sync = i > i0 && x->tr ? GF_US(x->tr) - GF_US(g[i - 1].t1) : 0.0;
-        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f %9.2f %9.2f\n", gf_trace_name(x), x->blocks, GF_US(x->t0), GF_US(x->tw), GF_US(x->tr),
-                GF_US(x->trl), GF_US(x->t1), sync, x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0, GF_US(x->tm),
-                GF_US(x->tml));
+        fprintf(f, "%-11s %5d %9.2f %9.2f %9.2f %9.2f %9.2f %6.2f %7.2f %9.2f %9.2f\n", gf_trace_name(x), x->blocks,
+                GF_US(x->t0), GF_US(x->tw), GF_US(x->tr), GF_US(x->trl), GF_US(x->t1), sync,
+                x->tr ? GF_US(x->t1) - GF_US(x->tr) : 0.0, GF_US(x->tm), GF_US(x->tml));
     }
     /* $STRATA_GPU_TRACE_BLOCKS: the same step block by block (kernel, its
      * index in the step, block, SM, then start, wait, release, mark, end,
