@@ -573,6 +573,21 @@ struct gf_mv {
     const float *af;        /* (rows, n) f32, for float weights */
     int a_div, a_g, t_total;
     int accumulate;
+    /* An RMSNorm handed across a product boundary (one-token Q4_K
+     * products in gf_mvk_kernel, BENCH.md twenty-fourth pass): a product
+     * into x with nw set runs each GF_AB rows on one block, which writes
+     * them as the next norm's int8 block of x·nw (unscaled: the norm's
+     * scale is one factor of the whole row) into nq/nds and their squares'
+     * sum into nss[block]; the product that reads it (ss set) multiplies
+     * each row's sum by the scale formed from those ss_n sums, so no
+     * activation kernel runs between the two. */
+    const float *nw;
+    int8_t *nq;
+    gf_ads *nds;
+    double *nss;
+    const double *ss;
+    int ss_n;
+    float eps;
     /* Experts side by side (ne > 0, one-row groups): group g's activation
      * row is its U = n/ne experts' rows one after the other, ne columns
      * each; columns [e·ne, (e+1)·ne) meet row r of expert ids[g·U + e] (one
@@ -615,14 +630,16 @@ static __device__ __forceinline__ float *gf_mv_at(const gf_mv &p, int pt, int g,
     return p.y[pt] + (size_t)g * p.y_g[pt] + (size_t)t * p.y_t[pt] + rr;
 }
 
-/* *yp = s (+ bias) (+ old: the y there, read before, when accumulating) */
-static __device__ __forceinline__ void gf_mv_store(const gf_mv &p, int pt, int rr, float *yp, float s, float old)
+/* *yp = s (+ bias) (+ old: the y there, read before, when accumulating);
+ * returns what it stored */
+static __device__ __forceinline__ float gf_mv_store(const gf_mv &p, int pt, int rr, float *yp, float s, float old)
 {
     if (p.bias[pt])
         s = s + p.bias[pt][rr];
     if (p.accumulate)
         s = s + old;
     *yp = s;
+    return s;
 }
 
 static __device__ __forceinline__ void gf_mv_put(const gf_mv &p, int pt, int g, int t, int rr, float s)
@@ -643,22 +660,23 @@ static __device__ __forceinline__ float gf_mv_old(const gf_mv &p, int g, int r, 
 
 /* The end of a round of the column-sliced kernels (gf_mvk_kernel,
  * gf_mvs_kernel), after their barrier: rows r0 + 0..RT-1 take the sums of
- * the S slices' warps (part: the round's half), added in slice order, and
- * are stored by the first RT threads (old: each one's row's y, read before) */
+ * the S slices' warps (part: the round's half), added in slice order, times
+ * scale (a handed-on norm's; else 1), and are stored by the first RT
+ * threads (old: each one's row's y, read before). Returns the value the
+ * thread stored (0: none). */
 template <int SM, int RT>
-static __device__ __forceinline__ void gf_slices_store(const gf_mv &p, const float (&part)[SM][RT], int S, int g,
-                                                       int r0, int total, float old)
+static __device__ __forceinline__ float gf_slices_store(const gf_mv &p, const float (&part)[SM][RT], int S, int g,
+                                                        int r0, int total, float old, float scale)
 {
-    if (threadIdx.x < RT) {
-        int r = r0 + threadIdx.x;
-        if (r < total) {
-            float sum = part[0][threadIdx.x];
-            for (int i = 1; i < S; i++)
-                sum += part[i][threadIdx.x];
-            int rr, pt = gf_mv_part(p, r, &rr);
-            gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), sum, old);
-        }
-    }
+    if (threadIdx.x >= RT || r0 + (int)threadIdx.x >= total)
+        return 0.0f;
+    int r = r0 + threadIdx.x;
+    float sum = part[0][threadIdx.x];
+    for (int i = 1; i < S; i++)
+        sum += part[i][threadIdx.x];
+    sum = sum * scale;   /* (× 1 exactly where no norm is handed on) */
+    int rr, pt = gf_mv_part(p, r, &rr);
+    return gf_mv_store(p, pt, rr, gf_mv_at(p, pt, g, 0, rr), sum, old);
 }
 
 template <class Q, int NT>
@@ -993,6 +1011,56 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
+/* RMSNorm's arithmetic, one definition for the kernels that form it, so
+ * that they agree bit for bit: a float4's squares in double, added in this
+ * order (the reference's steps); the row's scale from their sum; elements
+ * times scale, times weight. */
+static __device__ __forceinline__ double gf_sq4(float4 v)
+{
+    return (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
+           (double)__fmul_rn(v.w, v.w);
+}
+
+static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps)
+{
+    return 1.0f / sqrtf((float)(ss / n) + eps);
+}
+
+/* A sum of doubles over a warp, the same value in every lane (each step adds
+ * the same two operands in both lanes of a pair) */
+static __device__ __forceinline__ double gf_warp_sumd(double v)
+{
+    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+        v += gpu_shfl_xor(v, m);
+    return v;
+}
+
+/* The handed-on norm's scale (gf_mv.ss), the same in every lane and block */
+static __device__ __forceinline__ float gf_ss_scale(const gf_mv &p)
+{
+    double a = 0;
+    for (int i = threadIdx.x % GPU_WARP; i < p.ss_n; i += GPU_WARP)
+        a += p.ss[i];
+    return gf_rms_scale(gf_warp_sumd(a), p.n, p.eps);
+}
+
+/* The end of a product that hands on a norm (gf_mv.nw), in warp 0 of the
+ * block that owns rows r0..r0+GF_AB-1: v, lane i's row of x as stored,
+ * w its norm weight; writes the block of x·w's int8 codes and the squares'
+ * sum, as gf_act_kernel would write the block of RMSNorm(x)·w but for the
+ * row's scale. */
+static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float v, float w)
+{
+    float u[1] = {__fmul_rn(v, w)};
+    int q[1];
+    gf_ads sc = gq_q8_act<1>(u, q);
+    double ss = gf_warp_sumd((double)__fmul_rn(v, v));
+    int lane = threadIdx.x % GPU_WARP;
+    p.nq[r0 + lane] = (int8_t)q[0];
+    if (lane == 0)
+        p.nds[r0 / GF_AB] = sc, p.nss[r0 / GF_AB] = ss;
+}
+
 /* the R rows from r0 (the last row past the end), each unit k at byte uo[k]
  * of its row (its superblock's; ub[k] & 3 the pair in it) */
 template <int UL, int R>
@@ -1014,7 +1082,9 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
     }
 }
 
-template <int UL>
+enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* gf_mvk_kernel's part in a handed-on norm (gf_mv.nw, .ss) */
+
+template <int UL, int NORM>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVK);
@@ -1035,8 +1105,13 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
         uo[k] = (size_t)(ub[k] >> 2) * 144;
     }
     int4 wh[R][UL], wq[R][UL][2];
-    int tile = blockIdx.x;
-    if (!p.ids && tile < tiles)   /* expert ids come from the kernel ahead: wait for them first */
+    /* the block's tiles: every gridDim.x-th from blockIdx.x; a block's GF_AB
+     * rows one after the other where it hands on a norm */
+    int tile = blockIdx.x, step = gridDim.x, end = tiles;
+    if (NORM == GF_NORM_OUT)
+        tile = blockIdx.x * (GF_AB / RT), step = 1, end = min(tile + GF_AB / RT, tiles);
+    float nw = NORM == GF_NORM_OUT && warp == 0 && tile * RT + lane < total ? p.nw[tile * RT + lane] : 0.0f;
+    if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
@@ -1065,15 +1140,17 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
      * ahead: its round trip overlaps a round's work rather than following
      * the round's barrier on the writing warp, which the next barrier waits
      * for */
-    int writer = threadIdx.x < RT;
-    float yo = writer && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
-    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
+    int writer = threadIdx.x < RT, r0 = tile * RT;
+    float yo = writer && tile < end ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    float scale = NORM == GF_NORM_IN && warp == 0 ? gf_ss_scale(p) : 1.0f;   /* (the writers are warp 0's) */
+    __shared__ float xo[GF_AB];   /* a norm handed on: the block's rows as stored */
+    for (int round = 0; tile < end; tile += step, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
-        if (tile + (int)gridDim.x < tiles) {
-            gf_mvk_fetch<UL, R>(p, (tile + gridDim.x) * RT + sub * R, total, uo, ub, nh, nq);
+        if (tile + step < end) {
+            gf_mvk_fetch<UL, R>(p, (tile + step) * RT + sub * R, total, uo, ub, nh, nq);
             if (writer)
-                yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
+                yn = gf_mv_old(p, g, (tile + step) * RT + threadIdx.x, total);
         }
         float acc[R];
 #pragma unroll
@@ -1091,13 +1168,19 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 part[round & 1][slice][sub * R + j] = sum;
         }
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo);
+        float y = gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, scale);
+        if (NORM == GF_NORM_OUT && writer)
+            xo[round * RT + threadIdx.x] = y;
         yo = yn;
 #pragma unroll
         for (int j = 0; j < R; j++)
 #pragma unroll
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
+    }
+    if (NORM == GF_NORM_OUT && warp == 0 && r0 < total) {   /* (the rows were stored by this warp's lanes) */
+        __syncwarp();
+        gf_norm_out(p, r0, xo[lane], nw);
     }
 }
 
@@ -1392,7 +1475,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         if (lane == 0)
             part[round & 1][slice][sub] = sum;
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo);
+        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, 1.0f);
         yo = yn;
     }
 }
@@ -1697,21 +1780,8 @@ static __device__ __forceinline__ void gf_act_store(const float (&v)[4], bool ok
         ds[at / GF_AB] = sc;
 }
 
-/* RMSNorm's arithmetic, one definition for the kernels that form it, so
- * that they agree bit for bit: a float4's squares in double, added in this
- * order (the reference's steps); the row's scale from their sum; elements
- * times scale, times weight. */
-static __device__ __forceinline__ double gf_sq4(float4 v)
-{
-    return (double)__fmul_rn(v.x, v.x) + (double)__fmul_rn(v.y, v.y) + (double)__fmul_rn(v.z, v.z) +
-           (double)__fmul_rn(v.w, v.w);
-}
 
-static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps)
-{
-    return 1.0f / sqrtf((float)(ss / n) + eps);
-}
-
+/* RMSNorm's elements: times scale, times weight (gf_sq4, gf_rms_scale: its sum and scale) */
 static __device__ __forceinline__ void gf_rms_apply(float4 x, float scale, float4 g, float (&v)[4])
 {
     v[0] = __fmul_rn(__fmul_rn(x.x, scale), g.x), v[1] = __fmul_rn(__fmul_rn(x.y, scale), g.y);
@@ -2249,6 +2319,15 @@ struct gpu_ctx {
     int8_t *aq;
     gf_ads *ads;
     int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
+    /* the attention norm handed from a layer's down product to the next
+     * layer's q/k/v (gf_mv.nw; one token, gf_handoff): x·w's int8 blocks,
+     * the squares' sums a block of 32; hand_w, the norm's weights while
+     * the down product is queued; handed, until q/k/v is */
+    int8_t *nq;
+    gf_ads *nds;
+    double *nss;
+    const float *hand_w;
+    int handed;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
@@ -2611,13 +2690,27 @@ static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int gr
     return dim3(blocks < tiles ? blocks : tiles, groups);
 }
 
-template <int UL>
-static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+template <int UL, int NORM>
+static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    dim3 grid = gf_wave(gf_mvk_kernel<UL>, threads, 0, &per_sm[S], groups, (p.end[p.parts - 1] + rt - 1) / rt);
-    gf_launch(gf_mvk_kernel<UL>, grid, threads, 0, s, p);
+    int total = p.end[p.parts - 1];
+    dim3 grid = NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)   /* (a block's GF_AB rows) */
+                                    : gf_wave(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], groups,
+                                              (total + rt - 1) / rt);
+    gf_launch(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, p);
+}
+
+template <int UL>
+static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+{
+    if (p.nw)
+        gf_mvk_launch_n<UL, GF_NORM_OUT>(p, groups, S, s);
+    else if (p.ss)
+        gf_mvk_launch_n<UL, GF_NORM_IN>(p, groups, S, s);
+    else
+        gf_mvk_launch_n<UL, GF_NORM_NONE>(p, groups, S, s);
 }
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
@@ -2847,6 +2940,10 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
+        if (c->hand_w)   /* (gf_handoff: the one product, into x) */
+            p.nw = c->hand_w, p.nq = c->nq, p.nds = c->nds, p.nss = c->nss;
+        if (c->handed)   /* (the one q/k/v product) */
+            p.aq = c->nq, p.ads = c->nds, p.ss = c->nss, p.ss_n = w->n / GF_AB, p.eps = c->g->hp.rms_eps;
         if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
@@ -3006,6 +3103,26 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
     return p;
 }
 
+/* Whether layer il's down product hands the next layer's attention norm to
+ * its q/k/v product (gf_mv.nw and .ss, no gf_act_kernel between them): one
+ * token of one sequence, a dense layer, the down product and the three of
+ * q/k/v Q4_K in gf_mvk_kernel (q/k/v in one launch), x in whole blocks of
+ * 32. STRATA_GPU_NO_HANDOFF=1 keeps the activation kernel, for comparisons. */
+static int gf_handoff(const struct gpu_ctx *c, int il, int T)
+{
+    const struct gpu_model *g = c->g;
+    if (T != 1 || c->rows || il + 1 >= g->hp.n_layer || g->layers[il].moe || g->hp.n_embd % GF_AB ||
+        gf_env("STRATA_GPU_NO_HANDOFF"))
+        return 0;
+    const struct gf_layer *a = &g->layers[il], *b = &g->layers[il + 1];
+    const struct gf_mat *m[4] = {&a->down, &b->wq, &b->wk, &b->wv};
+    int UL, S;
+    for (int i = 0; i < 4; i++)
+        if (!gf_mvk_takes(m[i]->type, m[i]->n, &UL, &S) || (i > 1 && m[i]->ldw != b->wq.ldw))
+            return 0;
+    return 1;
+}
+
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
 static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
@@ -3018,10 +3135,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     struct gf_out qkv[3] = {{&ly->wq, c->q, (size_t)HE, NULL}, {&ly->wk, c->k, (size_t)KE, NULL},
                             {&ly->wv, c->v, (size_t)KE, NULL}};
     c->abt = gf_act_bt(qkv, 3, T);
-    if (gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
-               errlen) ||
+    if ((!c->handed && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->attn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq,
+                              c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
+    c->handed = 0;
     gf_mark(c, GF_ST_QKV);
     gf_qkv qp = gf_qkv_of(c);
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
@@ -3055,7 +3173,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
-                 (gf_mark(c, GF_ST_SWIGLU), 0) || gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen) ? -1 : 0;
+                 (gf_mark(c, GF_ST_SWIGLU), 0) ? -1 : 0;
+        c->hand_w = rc == 0 && gf_handoff(c, il, T) ? c->g->layers[il + 1].attn_norm : NULL;
+        rc = rc || gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen) ? -1 : 0;
+        c->handed = c->hand_w != NULL, c->hand_w = NULL;
         gf_mark(c, GF_ST_DOWN);
         return rc;
     }
@@ -3103,6 +3224,7 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     const struct gpu_model *g = c->g;
     const struct model_hp *hp = &g->hp;
     int D = hp->n_embd, V = hp->n_vocab;
+    c->hand_w = NULL, c->handed = 0;
     gf_launch(gf_embed_kernel, T, 256, 0, c->stream, g->tok_embd.d, g->tok_embd.ldw, g->tok_embd.type, D,
               (const int32_t *)c->io, c->x);
     GF_LAUNCH_CHECK(err, errlen);
@@ -3265,8 +3387,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->rope_cs, c->rope_pg,
-                    c->offs, c->xs};
+                    c->rope_cs, c->rope_pg, c->offs, c->xs, c->nq, c->nds, c->nss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -3368,6 +3489,9 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
              gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c->nq, D, err, errlen) ||
+             gf_alloc((void **)&c->nds, D / GF_AB * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c->nss, D / GF_AB * sizeof(double), err, errlen) ||
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc((void **)&c->rope_cs, (size_t)T * hp->n_rot * fb, err, errlen) ||
              gf_alloc((void **)&c->rope_pg, (size_t)T * sizeof(int32_t), err, errlen) ||
