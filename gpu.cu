@@ -584,8 +584,8 @@ struct gf_mv {
     const float *nw;
     int8_t *nq;
     gf_ads *nds;
-    double *nss;
-    const double *ss;
+    float *nss;
+    const float *ss;
     int ss_n;
     float eps;
     /* Experts side by side (ne > 0, one-row groups): group g's activation
@@ -1026,22 +1026,17 @@ static __device__ __forceinline__ float gf_rms_scale(double ss, int n, float eps
     return 1.0f / sqrtf((float)(ss / n) + eps);
 }
 
-/* A sum of doubles over a warp, the same value in every lane (each step adds
- * the same two operands in both lanes of a pair) */
-static __device__ __forceinline__ double gf_warp_sumd(double v)
-{
-    for (int m = GPU_WARP / 2; m > 0; m >>= 1)
-        v += gpu_shfl_xor(v, m);
-    return v;
-}
-
-/* The handed-on norm's scale (gf_mv.ss), the same in every lane and block */
+/* The handed-on norm's scale (gf_mv.ss), the same in every lane and block
+ * (warp_sum's butterfly adds the same two operands in both lanes of a
+ * pair). The sums are floats, not the activation kernel's doubles: a
+ * double's shuffles and adds took ~0.3 µs more on the chain (BENCH.md,
+ * twenty-fourth pass), and a float sum of 4096 squares is within 1e-5 of it. */
 static __device__ __forceinline__ float gf_ss_scale(const gf_mv &p)
 {
-    double a = 0;
+    float a = 0.0f;
     for (int i = threadIdx.x % GPU_WARP; i < p.ss_n; i += GPU_WARP)
         a += p.ss[i];
-    return gf_rms_scale(gf_warp_sumd(a), p.n, p.eps);
+    return gf_rms_scale((double)warp_sum(a), p.n, p.eps);
 }
 
 /* The end of a product that hands on a norm (gf_mv.nw), in warp 0 of the
@@ -1051,10 +1046,9 @@ static __device__ __forceinline__ float gf_ss_scale(const gf_mv &p)
  * row's scale. */
 static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float v, float w)
 {
-    float u[1] = {__fmul_rn(v, w)};
+    float ss = warp_sum(__fmul_rn(v, v)), u[1] = {__fmul_rn(v, w)};
     int q[1];
     gf_ads sc = gq_q8_act<1>(u, q);
-    double ss = gf_warp_sumd((double)__fmul_rn(v, v));
     int lane = threadIdx.x % GPU_WARP;
     p.nq[r0 + lane] = (int8_t)q[0];
     if (lane == 0)
@@ -2325,7 +2319,7 @@ struct gpu_ctx {
      * the down product is queued; handed, until q/k/v is */
     int8_t *nq;
     gf_ads *nds;
-    double *nss;
+    float *nss;
     const float *hand_w;
     int handed;
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
@@ -3491,7 +3485,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->nq, D, err, errlen) ||
              gf_alloc((void **)&c->nds, D / GF_AB * sizeof(gf_ads), err, errlen) ||
-             gf_alloc((void **)&c->nss, D / GF_AB * sizeof(double), err, errlen) ||
+             gf_alloc((void **)&c->nss, D / GF_AB * sizeof(float), err, errlen) ||
              gf_alloc((void **)&c->io, gf_io_ints(c) * sizeof(int32_t), err, errlen) ||
              gf_alloc((void **)&c->rope_cs, (size_t)T * hp->n_rot * fb, err, errlen) ||
              gf_alloc((void **)&c->rope_pg, (size_t)T * sizeof(int32_t), err, errlen) ||
