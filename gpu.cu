@@ -2313,10 +2313,10 @@ struct gpu_ctx {
     int8_t *aq;
     gf_ads *ads;
     int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
-    /* the attention norm handed from a layer's down product to the next
-     * layer's q/k/v (gf_mv.nw; one token, gf_handoff): x·w's int8 blocks,
-     * the squares' sums a block of 32; hand_w, the norm's weights while
-     * the down product is queued; handed, until q/k/v is */
+    /* a norm handed from a product into x to the products after it
+     * (gf_mv.nw; gf_matmul_handing): x·w's int8 blocks, the squares' sums
+     * a block of 32; hand_w, the norm's weights while the product is
+     * queued; handed, until its readers are */
     int8_t *nq;
     gf_ads *nds;
     float *nss;
@@ -2761,6 +2761,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
+        /* a norm-handing product runs rows/32 blocks: the narrower units
+         * where their slices fit, for twice the warps a block */
+        if (p.nw && UL == 2 && 2 * S <= GF_MVK_SMAX)
+            UL = 1, S *= 2;
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
         else
@@ -2934,9 +2938,9 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (c->hand_w)   /* (gf_handoff: the one product, into x) */
+        if (c->hand_w)   /* (gf_matmul_handing: the one product, into x) */
             p.nw = c->hand_w, p.nq = c->nq, p.nds = c->nds, p.nss = c->nss;
-        if (c->handed)   /* (the one q/k/v product) */
+        if (c->handed)   /* (the one launch of its readers) */
             p.aq = c->nq, p.ads = c->nds, p.ss = c->nss, p.ss_n = w->n / GF_AB, p.eps = c->g->hp.rms_eps;
         if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
@@ -3097,24 +3101,24 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
     return p;
 }
 
-/* Whether layer il's down product hands the next layer's attention norm to
- * its q/k/v product (gf_mv.nw and .ss, no gf_act_kernel between them): one
- * token of one sequence, a dense layer, the down product and the three of
- * q/k/v Q4_K in gf_mvk_kernel (q/k/v in one launch), x in whole blocks of
- * 32. STRATA_GPU_NO_HANDOFF=1 keeps the activation kernel, for comparisons. */
-static int gf_handoff(const struct gpu_ctx *c, int il, int T)
+/* A product into x (o, accumulating) that hands the RMSNorm of weights nw
+ * on to the products `to` that read it next (gf_mv.nw and .ss: no
+ * gf_act_kernel between them), where it can: one token of one sequence, all
+ * of them Q4_K in gf_mvk_kernel, `to` in one launch (one row length), x in
+ * whole blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does,
+ * for comparisons. Returns gf_matmul_n's result; c->handed says whether the
+ * norm was handed on (the reader of c->nq resets it). */
+static int gf_matmul_handing(struct gpu_ctx *c, const struct gf_out *o, const float *af, const float *nw,
+                             const struct gf_mat *const *to, int n_to, int T, char *err, size_t errlen)
 {
-    const struct gpu_model *g = c->g;
-    if (T != 1 || c->rows || il + 1 >= g->hp.n_layer || g->layers[il].moe || g->hp.n_embd % GF_AB ||
-        gf_env("STRATA_GPU_NO_HANDOFF"))
-        return 0;
-    const struct gf_layer *a = &g->layers[il], *b = &g->layers[il + 1];
-    const struct gf_mat *m[4] = {&a->down, &b->wq, &b->wk, &b->wv};
-    int UL, S;
-    for (int i = 0; i < 4; i++)
-        if (!gf_mvk_takes(m[i]->type, m[i]->n, &UL, &S) || (i > 1 && m[i]->ldw != b->wq.ldw))
-            return 0;
-    return 1;
+    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 &&
+                    gf_mvk_takes(o->w->type, o->w->n, &UL, &S) && !gf_env("STRATA_GPU_NO_HANDOFF");
+    for (int i = 0; ok && i < n_to; i++)
+        ok = gf_mvk_takes(to[i]->type, to[i]->n, &UL, &S) && to[i]->ldw == to[0]->ldw;
+    c->hand_w = ok ? nw : NULL;
+    int rc = gf_matmul_n(c, o, 1, af, T, 1, err, errlen);
+    c->handed = c->hand_w != NULL, c->hand_w = NULL;
+    return rc;
 }
 
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
@@ -3154,23 +3158,27 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int F = ly->gate.rows;
     struct gf_out gu[2] = {{&ly->gate, c->gt, (size_t)F, NULL}, {&ly->up, c->up, (size_t)F, NULL}};
     struct gf_out down = {&ly->down, c->x, (size_t)D, NULL};
+    const struct gf_mat *gum[2] = {&ly->gate, &ly->up};
     if (quantised < 0 || (gf_mark(c, GF_ST_ATTN), 0) ||
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
-        (gf_mark(c, GF_ST_ACT), 0) || gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen) ||
+        (gf_mark(c, GF_ST_ACT), 0) ||
+        gf_matmul_handing(c, &wo, c->ao, ly->moe || gf_env("STRATA_X_NO_WO_HANDOFF") ? NULL : ly->ffn_norm, gum,
+                          2, T, err, errlen) ||
         (gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
-        (!norm_router && gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq,
-                                c->ads, err, errlen)))
+        (!norm_router && !c->handed &&
+         gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
+                errlen)))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
     if (!ly->moe) {
-        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        const struct gf_layer *nx = il + 1 < hp->n_layer ? &c->g->layers[il + 1] : NULL;
+        const struct gf_mat *qkvm[3] = {nx ? &nx->wq : NULL, nx ? &nx->wk : NULL, nx ? &nx->wv : NULL};
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (c->handed = 0, gf_mark(c, GF_ST_GATE_UP), 0) ||
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
-                 (gf_mark(c, GF_ST_SWIGLU), 0) ? -1 : 0;
-        c->hand_w = rc == 0 && gf_handoff(c, il, T) ? c->g->layers[il + 1].attn_norm : NULL;
-        rc = rc || gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen) ? -1 : 0;
-        c->handed = c->hand_w != NULL, c->hand_w = NULL;
+                 (gf_mark(c, GF_ST_SWIGLU), 0) ||
+                 gf_matmul_handing(c, &down, c->gt, nx ? nx->attn_norm : NULL, qkvm, 3, T, err, errlen) ? -1 : 0;
         gf_mark(c, GF_ST_DOWN);
         return rc;
     }

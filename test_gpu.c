@@ -902,15 +902,16 @@ static void tg_formats(void)
     }
 }
 
-/* A dense Q4_K qwen3 whose layers hand the attention norm from the down
- * product to the next layer's q/k/v (gf_handoff, one-token steps): GPU vs
- * CPU with the handoff and with STRATA_GPU_NO_HANDOFF=1 (the activation
- * kernel between them), and the two not equal bit for bit (the handoff
- * ran: it scales each row's sum, not each block's codes). */
+/* A dense Q4_K qwen3 whose layers hand their norms from the products into
+ * x to the products after them (gf_matmul_handing, one-token steps: down
+ * to the next q/k/v, wo to gate/up): GPU vs CPU with the handoff and with
+ * STRATA_GPU_NO_HANDOFF=1 (the activation kernels between them), and the
+ * two not equal bit for bit (the handoff ran: it scales each row's sum,
+ * not each block's codes). */
 static void tg_handoff(void)
 {
-    if (!test_begin_gpu("gpu/handoff a dense Q4_K model, the attention norm handed from down to q/k/v and not: GPU "
-                        "vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/handoff a dense Q4_K model, its norms handed from products into x to the next and not: "
+                        "GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
     char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf";
     char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", "n_layer=3", "--set",
