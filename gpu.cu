@@ -2314,7 +2314,7 @@ struct gpu_ctx {
     gf_ads *ads;
     int abt;               /* the layout aq and ads were last written in (gq_act_at's bt: gf_act_bt) */
     /* a norm handed from a product into x to the products after it
-     * (gf_mv.nw; gf_matmul_handing): x·w's int8 blocks, the squares' sums
+     * (gf_mv.nw; gf_hand_begin): x·w's int8 blocks, the squares' sums
      * a block of 32; hand_w, the norm's weights while the product is
      * queued; handed, until its readers are */
     int8_t *nq;
@@ -2763,8 +2763,9 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
         /* a norm-handing product runs rows/32 blocks: the narrower units
          * where their slices fit, for twice the warps a block */
-        if (p.nw && UL == 2 && 2 * S <= GF_MVK_SMAX)
-            UL = 1, S *= 2;
+        int S1 = (p.n / 256 * 4 + GPU_WARP - 1) / GPU_WARP;
+        if (p.nw && UL == 2 && S1 <= GF_MVK_SMAX)
+            UL = 1, S = S1;
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
         else
@@ -2881,6 +2882,16 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
     return T;
 }
 
+/* A handed-on norm's fields on a product's launch (gf_hand_begin): the
+ * one product into x that hands it on, or the one launch of its readers */
+static void gf_mv_hand(const struct gpu_ctx *c, gf_mv *p)
+{
+    if (c->hand_w)
+        p->nw = c->hand_w, p->nq = c->nq, p->nds = c->nds, p->nss = c->nss;
+    if (c->handed)
+        p->aq = c->nq, p->ads = c->nds, p->ss = c->nss, p->ss_n = p->n / GF_AB, p->eps = c->g->hp.rms_eps;
+}
+
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
@@ -2938,10 +2949,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
-        if (c->hand_w)   /* (gf_matmul_handing: the one product, into x) */
-            p.nw = c->hand_w, p.nq = c->nq, p.nds = c->nds, p.nss = c->nss;
-        if (c->handed)   /* (the one launch of its readers) */
-            p.aq = c->nq, p.ads = c->nds, p.ss = c->nss, p.ss_n = w->n / GF_AB, p.eps = c->g->hp.rms_eps;
+        gf_mv_hand(c, &p);
         if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
@@ -2990,6 +2998,7 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     p.ldw = dn->ldw, p.estride = dn->stride, p.n = U * dn->n;
     p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
     p.aq = c->aq, p.ads = c->ads, p.af = c->gt, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
+    gf_mv_hand(c, &p);
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
@@ -3101,24 +3110,26 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
     return p;
 }
 
-/* A product into x (o, accumulating) that hands the RMSNorm of weights nw
- * on to the products `to` that read it next (gf_mv.nw and .ss: no
- * gf_act_kernel between them), where it can: one token of one sequence, all
- * of them Q4_K in gf_mvk_kernel, `to` in one launch (one row length), x in
- * whole blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does,
- * for comparisons. Returns gf_matmul_n's result; c->handed says whether the
- * norm was handed on (the reader of c->nq resets it). */
-static int gf_matmul_handing(struct gpu_ctx *c, const struct gf_out *o, const float *af, const float *nw,
-                             const struct gf_mat *const *to, int n_to, int T, char *err, size_t errlen)
+/* Before a product into x of rows n wide (from): hand the RMSNorm of
+ * weights nw on to the products `to` that read it next (gf_mv.nw and .ss:
+ * no gf_act_kernel between them), where it can: one token of one sequence,
+ * all of them Q4_K in gf_mvk_kernel, `to` in one launch (one row length),
+ * x in whole blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never
+ * does, for comparisons. gf_hand_end after the product: c->handed then
+ * says whether the norm was handed on (its readers' launch resets it). */
+static void gf_hand_begin(struct gpu_ctx *c, int type, int n, const float *nw, const struct gf_mat *const *to,
+                          int n_to, int T)
 {
-    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 &&
-                    gf_mvk_takes(o->w->type, o->w->n, &UL, &S) && !gf_env("STRATA_GPU_NO_HANDOFF");
+    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 && gf_mvk_takes(type, n, &UL, &S) &&
+                    !gf_env("STRATA_GPU_NO_HANDOFF");
     for (int i = 0; ok && i < n_to; i++)
         ok = gf_mvk_takes(to[i]->type, to[i]->n, &UL, &S) && to[i]->ldw == to[0]->ldw;
     c->hand_w = ok ? nw : NULL;
-    int rc = gf_matmul_n(c, o, 1, af, T, 1, err, errlen);
+}
+
+static void gf_hand_end(struct gpu_ctx *c)
+{
     c->handed = c->hand_w != NULL, c->hand_w = NULL;
-    return rc;
 }
 
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
@@ -3163,22 +3174,27 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) ||
-        gf_matmul_handing(c, &wo, c->ao, ly->moe || gf_env("STRATA_X_NO_WO_HANDOFF") ? NULL : ly->ffn_norm, gum,
-                          2, T, err, errlen) ||
-        (gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
+        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe || gf_env("STRATA_X_NO_WO_HANDOFF") ? NULL : ly->ffn_norm,
+                       gum, 2, T),
+         gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen)) ||
+        (gf_hand_end(c), gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
         (!norm_router && !c->handed &&
          gf_act(s, GF_ACT_NORM, c->x, NULL, ly->ffn_norm, hp->rms_eps, D, T, c->abt, c->xn, c->aq, c->ads, err,
                 errlen)))
         return -1;
     gf_mark(c, GF_ST_FFN_NORM);
+    /* the next layer's attention norm, for a product into x to hand on */
+    const struct gf_layer *nx = il + 1 < hp->n_layer ? &c->g->layers[il + 1] : NULL;
+    const struct gf_mat *qkvm[3] = {nx ? &nx->wq : NULL, nx ? &nx->wk : NULL, nx ? &nx->wv : NULL};
     if (!ly->moe) {
-        const struct gf_layer *nx = il + 1 < hp->n_layer ? &c->g->layers[il + 1] : NULL;
-        const struct gf_mat *qkvm[3] = {nx ? &nx->wq : NULL, nx ? &nx->wk : NULL, nx ? &nx->wv : NULL};
         int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (c->handed = 0, gf_mark(c, GF_ST_GATE_UP), 0) ||
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
-                 gf_matmul_handing(c, &down, c->gt, nx ? nx->attn_norm : NULL, qkvm, 3, T, err, errlen) ? -1 : 0;
+                 (gf_hand_begin(c, ly->down.type, ly->down.n,
+                                nx && !gf_env("STRATA_X_NO_DOWN_HANDOFF") ? nx->attn_norm : NULL, qkvm, 3, T),
+                  gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen)) ? -1 : 0;
+        gf_hand_end(c);
         gf_mark(c, GF_ST_DOWN);
         return rc;
     }
@@ -3204,7 +3220,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
+        gf_hand_begin(c, dn->type, U * dn->n, gf_env("STRATA_X_NO_MOE_HANDOFF") || !nx ? NULL : nx->attn_norm,
+                      qkvm, 3, T);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
+        gf_hand_end(c);
         summed = rc == 0;
         if (rc > 0)
             rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);

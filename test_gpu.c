@@ -903,8 +903,8 @@ static void tg_formats(void)
 }
 
 /* A dense Q4_K qwen3 whose layers hand their norms from the products into
- * x to the products after them (gf_matmul_handing, one-token steps: down
- * to the next q/k/v, wo to gate/up): GPU vs CPU with the handoff and with
+ * x to the products after them (gf_hand_begin, one-token steps: down to
+ * the next q/k/v, wo to gate/up): GPU vs CPU with the handoff and with
  * STRATA_GPU_NO_HANDOFF=1 (the activation kernels between them), and the
  * two not equal bit for bit (the handoff ran: it scales each row's sum,
  * not each block's codes). */
