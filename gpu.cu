@@ -1006,8 +1006,10 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
  * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each; a
  * round's partial sums meet in shared memory and are added in slice order
  * (deterministic). The grid is sized to the resident blocks and walks the
- * row tiles. (Quantising the activation in each block instead of in
- * gf_act_kernel before it was tried: slower on the H200, BENCH.md.) */
+ * row tiles; a product that hands on a norm (gf_mv.nw) runs a block for
+ * each 32 rows instead, which writes their int8 block at its end.
+ * (Quantising the activation in each block instead of in gf_act_kernel
+ * before it was tried: slower on the H200, BENCH.md.) */
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
 #define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
 
@@ -1773,7 +1775,6 @@ static __device__ __forceinline__ void gf_act_store(const float (&v)[4], bool ok
     if (i4 % (GF_AB / 4) == 0)
         ds[at / GF_AB] = sc;
 }
-
 
 /* RMSNorm's elements: times scale, times weight (gf_sq4, gf_rms_scale: its sum and scale) */
 static __device__ __forceinline__ void gf_rms_apply(float4 x, float scale, float4 g, float (&v)[4])
@@ -3174,7 +3175,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) ||
-        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe || gf_env("STRATA_X_NO_WO_HANDOFF") ? NULL : ly->ffn_norm,
+        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe ? NULL : ly->ffn_norm,
                        gum, 2, T),
          gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen)) ||
         (gf_hand_end(c), gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
@@ -3192,7 +3193,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
                  (gf_hand_begin(c, ly->down.type, ly->down.n,
-                                nx && !gf_env("STRATA_X_NO_DOWN_HANDOFF") ? nx->attn_norm : NULL, qkvm, 3, T),
+                                nx ? nx->attn_norm : NULL, qkvm, 3, T),
                   gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen)) ? -1 : 0;
         gf_hand_end(c);
         gf_mark(c, GF_ST_DOWN);
@@ -3220,7 +3221,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
-        gf_hand_begin(c, dn->type, U * dn->n, gf_env("STRATA_X_NO_MOE_HANDOFF") || !nx ? NULL : nx->attn_norm,
+        gf_hand_begin(c, dn->type, U * dn->n, nx ? nx->attn_norm : NULL,
                       qkvm, 3, T);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         gf_hand_end(c);
