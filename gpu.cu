@@ -1043,16 +1043,20 @@ static __device__ __forceinline__ float gf_ss_scale(const gf_mv &p)
 
 /* The end of a product that hands on a norm (gf_mv.nw), in warp 0 of the
  * block that owns rows r0..r0+GF_AB-1: v, lane i's row of x as stored,
- * w its norm weight; writes the block of x·w's int8 codes and the squares'
- * sum, as gf_act_kernel would write the block of RMSNorm(x)·w but for the
- * row's scale. */
+ * w its norm weight (lanes past GF_AB, on 64-wide wavefronts, zeros);
+ * writes the block of x·w's int8 codes and the squares' sum, as
+ * gf_act_kernel would write the block of RMSNorm(x)·w but for the row's
+ * scale. The shuffles stay within each 32 lanes. */
 static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float v, float w)
 {
-    float ss = warp_sum(__fmul_rn(v, v)), u[1] = {__fmul_rn(v, w)};
+    float ss = __fmul_rn(v, v), u[1] = {__fmul_rn(v, w)};
+    for (int m = GF_AB / 2; m > 0; m >>= 1)
+        ss += gpu_shfl_xor(ss, m);
     int q[1];
     gf_ads sc = gq_q8_act<1>(u, q);
     int lane = threadIdx.x % GPU_WARP;
-    p.nq[r0 + lane] = (int8_t)q[0];
+    if (lane < GF_AB)
+        p.nq[r0 + lane] = (int8_t)q[0];
     if (lane == 0)
         p.nds[r0 / GF_AB] = sc, p.nss[r0 / GF_AB] = ss;
 }
@@ -1106,7 +1110,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
     int tile = blockIdx.x, step = gridDim.x, end = tiles;
     if (NORM == GF_NORM_OUT)
         tile = blockIdx.x * (GF_AB / RT), step = 1, end = min(tile + GF_AB / RT, tiles);
-    float nw = NORM == GF_NORM_OUT && warp == 0 && tile * RT + lane < total ? p.nw[tile * RT + lane] : 0.0f;
+    int own = NORM == GF_NORM_OUT && warp == 0 && lane < GF_AB && tile * RT + lane < total;   /* (its row) */
+    float nw = own ? p.nw[tile * RT + lane] : 0.0f;
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
@@ -1175,8 +1180,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_ke
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
     if (NORM == GF_NORM_OUT && warp == 0 && r0 < total) {   /* (the rows were stored by this warp's lanes) */
-        __syncwarp();
-        gf_norm_out(p, r0, xo[lane], nw);
+        gpu_syncwarp();
+        gf_norm_out(p, r0, lane < GF_AB ? xo[lane] : 0.0f, nw);
     }
 }
 
