@@ -3180,8 +3180,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) ||
-        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe ? NULL : ly->ffn_norm,
-                       gum, 2, T),
+        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe ? NULL : ly->ffn_norm, gum, 2, T),
          gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen)) ||
         (gf_hand_end(c), gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
         (!norm_router && !c->handed &&
@@ -3197,8 +3196,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
-                 (gf_hand_begin(c, ly->down.type, ly->down.n,
-                                nx ? nx->attn_norm : NULL, qkvm, 3, T),
+                 (gf_hand_begin(c, ly->down.type, ly->down.n, nx ? nx->attn_norm : NULL, qkvm, 3, T),
                   gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen)) ? -1 : 0;
         gf_hand_end(c);
         gf_mark(c, GF_ST_DOWN);
@@ -3226,8 +3224,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
-        gf_hand_begin(c, dn->type, U * dn->n, nx ? nx->attn_norm : NULL,
-                      qkvm, 3, T);
+        gf_hand_begin(c, dn->type, U * dn->n, nx ? nx->attn_norm : NULL, qkvm, 3, T);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         gf_hand_end(c);
         summed = rc == 0;
