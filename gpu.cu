@@ -1084,8 +1084,15 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
 
 enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* gf_mvk_kernel's part in a handed-on norm (gf_mv.nw, .ss) */
 
+/* Launch bounds: one slice (UL 1 but for a norm-handing product, which
+ * takes UL 1 at several slices) at five blocks an SM, whose registers the
+ * taking kernel's scale would otherwise push to four (the 30B-A3B's q/k/v,
+ * 640 tiles, then runs a second round on a fifth of its blocks) */
+#define GF_MVK_ONE(UL, NORM) ((UL) == 1 && (NORM) != GF_NORM_OUT)
+
 template <int UL, int NORM>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvk_kernel(gf_mv p)
+__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
+                                  GF_MVK_ONE(UL, NORM) ? 5 : 1) gf_mvk_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVK);
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
