@@ -2776,8 +2776,8 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
         /* a norm-handing product runs rows/32 blocks: the narrower units
          * where their slices fit, for twice the warps a block */
-        int S1 = (p.n / 256 * 4 + GPU_WARP - 1) / GPU_WARP;
-        if (p.nw && UL == 2 && S1 <= GF_MVK_SMAX)
+        int S1 = p.nw && UL == 2 ? (p.n / 256 * 4 + GPU_WARP - 1) / GPU_WARP : 0;
+        if (S1 && S1 <= GF_MVK_SMAX)
             UL = 1, S = S1;
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
@@ -2896,13 +2896,15 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
 }
 
 /* A handed-on norm's fields on a product's launch (gf_hand_begin): the
- * one product into x that hands it on, or the one launch of its readers */
-static void gf_mv_hand(const struct gpu_ctx *c, gf_mv *p)
+ * one product into x that hands it on, or the one launch of its readers,
+ * after which it is spent */
+static void gf_mv_hand(struct gpu_ctx *c, gf_mv *p)
 {
     if (c->hand_w)
         p->nw = c->hand_w, p->nq = c->nq, p->nds = c->nds, p->nss = c->nss;
     if (c->handed)
         p->aq = c->nq, p->ads = c->nds, p->ss = c->nss, p->ss_n = p->n / GF_AB, p->eps = c->g->hp.rms_eps;
+    c->handed = 0;
 }
 
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
@@ -3129,7 +3131,8 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
  * all of them Q4_K in gf_mvk_kernel, `to` in one launch (one row length),
  * x in whole blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never
  * does, for comparisons. gf_hand_end after the product: c->handed then
- * says whether the norm was handed on (its readers' launch resets it). */
+ * says whether the norm was handed on (its readers' launch, gf_mv_hand,
+ * spends it). */
 static void gf_hand_begin(struct gpu_ctx *c, int type, int n, const float *nw, const struct gf_mat *const *to,
                           int n_to, int T)
 {
@@ -3161,7 +3164,6 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                               c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_NORM), gf_matmul_n(c, qkv, 3, c->xn, T, 0, err, errlen)))
         return -1;
-    c->handed = 0;
     gf_mark(c, GF_ST_QKV);
     gf_qkv qp = gf_qkv_of(c);
     qp.q = c->q, qp.k = c->k, qp.v = c->v, qp.bq = ly->bq, qp.bk = ly->bk, qp.bv = ly->bv;
@@ -3199,7 +3201,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     const struct gf_layer *nx = il + 1 < hp->n_layer ? &c->g->layers[il + 1] : NULL;
     const struct gf_mat *qkvm[3] = {nx ? &nx->wq : NULL, nx ? &nx->wk : NULL, nx ? &nx->wv : NULL};
     if (!ly->moe) {
-        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (c->handed = 0, gf_mark(c, GF_ST_GATE_UP), 0) ||
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
