@@ -2160,7 +2160,8 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
 {
     GPU_TRACE(GT_ROUTE);
     gf_pdl_begin();
-    extern __shared__ float pr[];   /* X probabilities, then U choices and U weights */
+    extern __shared__ float4 route_sm[];   /* X probabilities, then U choices and U weights */
+    float *pr = (float *)route_sm;
     int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
     float *w = pr + X + U;
     if (tid < U)
@@ -2195,13 +2196,20 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
             pr[e] *= inv;
     }
     __syncthreads();
+    /* each expert's rank among all X (ties to the lower index), four
+     * probabilities a load and sixteen loads in flight: one at a time, the
+     * loop was a shared-memory latency an expert, ~2 µs of the kernel */
     for (int e = tid; e < X; e += blockDim.x) {
         float v = pr[e];
-        int r = 0;
-        for (int j = 0; j < X; j++) {
-            float o = pr[j];
-            r += o > v || (o == v && j < e);
+        int r = 0, j = 0;
+#pragma unroll 4
+        for (; j + 4 <= X; j += 4) {
+            float4 o = *(const float4 *)(pr + j);
+            r += (o.x > v || (o.x == v && j < e)) + (o.y > v || (o.y == v && j + 1 < e)) +
+                 (o.z > v || (o.z == v && j + 2 < e)) + (o.w > v || (o.w == v && j + 3 < e));
         }
+        for (; j < X; j++)
+            r += pr[j] > v || (pr[j] == v && j < e);
         if (r < U)
             ch[r] = e, w[r] = v;
     }

@@ -204,6 +204,10 @@ struct gpu_trace_rec {
     unsigned tag, sm;
 };
 static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
+/* the points thread 0 has passed (bit k: GPU_TRACE_AT(k), bit 4: the
+ * wait), so that a point costs no read of its record: an L2 round trip
+ * on the first thread's path would lengthen what it measures */
+static __shared__ unsigned gpu_trace_seen;
 
 static __device__ __forceinline__ unsigned long long gpu_clock_ns()
 {
@@ -231,6 +235,8 @@ struct gpu_trace_scope {
             r->grid = g, r->t0 = t, r->tw = r->tr = r->t1 = 0, r->tag = tag, r->sm = sm;
             r->tm[0] = r->tm[1] = r->tm[2] = r->tm[3] = 0;
         }
+        if (threadIdx.x == 0)
+            gpu_trace_seen = 0;
     }
     __device__ ~gpu_trace_scope()
     {
@@ -249,8 +255,8 @@ static __device__ __forceinline__ void gpu_trace_point(int k)
 {
     unsigned long long g;
     gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !r->tm[k])
-        r->tm[k] = gpu_clock_ns();
+    if (r && threadIdx.x == 0 && !(gpu_trace_seen & 1u << k))
+        gpu_trace_seen |= 1u << k, r->tm[k] = gpu_clock_ns();
 }
 #define GPU_TRACE_MARK() gpu_trace_point(0)
 #define GPU_TRACE_AT(k) gpu_trace_point(k)
@@ -283,8 +289,8 @@ static __device__ __forceinline__ void gpu_grid_wait()
 #endif
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
     gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !r->tw)
-        r->tw = tw, r->tr = gpu_clock_ns();
+    if (r && threadIdx.x == 0 && !(gpu_trace_seen & 16u))
+        gpu_trace_seen |= 16u, r->tw = tw, r->tr = gpu_clock_ns();
 #endif
 }
 
