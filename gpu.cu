@@ -2160,7 +2160,7 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
 {
     GPU_TRACE(GT_ROUTE);
     gf_pdl_begin();
-    extern __shared__ float4 route_sm[];   /* X probabilities, then U choices and U weights */
+    extern __shared__ float4 route_sm[];   /* X probabilities, then U choices and U weights (16-aligned) */
     float *pr = (float *)route_sm;
     int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
     float *w = pr + X + U;
@@ -2197,8 +2197,9 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
     }
     __syncthreads();
     /* each expert's rank among all X (ties to the lower index), four
-     * probabilities a load and sixteen loads in flight: one at a time, the
-     * loop was a shared-memory latency an expert, ~2 µs of the kernel */
+     * probabilities a load and sixteen loads in flight: one load at a
+     * time, each compare waiting on it, the loop was ~2 µs of the kernel
+     * on every MoE layer (BENCH.md, twenty-fifth pass) */
     for (int e = tid; e < X; e += blockDim.x) {
         float v = pr[e];
         int r = 0, j = 0;
