@@ -2147,6 +2147,13 @@ __global__ void gf_qkv_kernel(gf_qkv p)
 
 /* ==== MoE: routing, weighted sum ==== */
 
+/* whether expert j (probability o) ranks above expert e (v): higher, or
+ * as high and of a lower index */
+static __device__ __forceinline__ int gf_ranks_above(float o, int j, float v, int e)
+{
+    return o > v || (o == v && j < e);
+}
+
 /* A block per token: the softmax of its X router logits, the U most
  * probable experts (ties to the lower index) into sel (T, U) in order,
  * their probabilities renormalised (summed in double, the sum at least
@@ -2206,11 +2213,11 @@ __global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float 
 #pragma unroll 4
         for (; j + 4 <= X; j += 4) {
             float4 o = *(const float4 *)(pr + j);
-            r += (o.x > v || (o.x == v && j < e)) + (o.y > v || (o.y == v && j + 1 < e)) +
-                 (o.z > v || (o.z == v && j + 2 < e)) + (o.w > v || (o.w == v && j + 3 < e));
+            r += gf_ranks_above(o.x, j, v, e) + gf_ranks_above(o.y, j + 1, v, e) + gf_ranks_above(o.z, j + 2, v, e) +
+                 gf_ranks_above(o.w, j + 3, v, e);
         }
         for (; j < X; j++)
-            r += pr[j] > v || (pr[j] == v && j < e);
+            r += gf_ranks_above(pr[j], j, v, e);
         if (r < U)
             ch[r] = e, w[r] = v;
     }
@@ -2651,11 +2658,16 @@ static int gf_env(const char *name)
 
 /* the Q4_K decode kernel for rows of n columns: UL units a lane, S slices
  * (0 when the rows are too wide for it) */
+/* the column slices of rows n wide at UL units a lane (a unit: 64 columns) */
+static int gf_mvk_slices(int n, int UL)
+{
+    return (n / 256 * 4 + UL * GPU_WARP - 1) / (UL * GPU_WARP);
+}
+
 static int gf_mvk_shape(int n, int *UL)
 {
-    int U = n / 256 * 4;
-    *UL = U <= GPU_WARP ? 1 : 2;
-    int S = (U + *UL * GPU_WARP - 1) / (*UL * GPU_WARP);
+    *UL = n / 256 * 4 <= GPU_WARP ? 1 : 2;
+    int S = gf_mvk_slices(n, *UL);
     return S <= GF_MVK_SMAX ? S : 0;
 }
 
@@ -2785,7 +2797,7 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
         /* a norm-handing product runs rows/32 blocks: the narrower units
          * where their slices fit, for twice the warps a block */
-        int S1 = p.nw && UL == 2 ? (p.n / 256 * 4 + GPU_WARP - 1) / GPU_WARP : 0;
+        int S1 = p.nw && UL == 2 ? gf_mvk_slices(p.n, 1) : 0;
         if (S1 && S1 <= GF_MVK_SMAX)
             UL = 1, S = S1;
         if (UL == 1)
