@@ -3311,7 +3311,9 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
  * (the kernel ahead's end to this one's first release), run (that release
  * to this one's end) and its blocks' first and last GPU_TRACE_MARK (0:
  * none). A graph's kernels keep their %gridid from
- * replay to replay, so the rings hold the last replay's blocks. */
+ * replay to replay, so the rings hold the last replay's blocks; a slot
+ * shows the grid that started last in it (a graph captured before a long
+ * prompt has older ids than the prompt's launches that share its slots). */
 struct gf_trace_grid {
     unsigned long long t0, tw, tr, trl, t1, tm, tml;
     int tag, blocks;
@@ -3331,10 +3333,12 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
     int n = 0;
     for (int gi = 0; gi < GPU_TRACE_GRIDS; gi++) {
         const gpu_trace_rec *b = r + (size_t)gi * GPU_TRACE_BLOCKS;
-        unsigned long long last = 0;
+        unsigned long long last = 0, tl = 0;   /* the grid of the slot's latest start */
         for (int i = 0; i < GPU_TRACE_BLOCKS; i++)
-            if (b[i].t0 && b[i].grid > last)
+            if (b[i].t0 > tl) {
+                tl = b[i].t0;
                 last = b[i].grid;
+            }
         gf_trace_grid g = {};
         for (int i = 0; i < GPU_TRACE_BLOCKS; i++) {
             const gpu_trace_rec *x = &b[i];
