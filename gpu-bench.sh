@@ -22,7 +22,8 @@
 # 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
 # `make cuda TRACE=1 CUDA_ARCH=90 MARCH=x86-64-v3` leaves that measuring build in ./strata; strip and
-# gzip it there; the timelines go to $OUT)
+# gzip it there; the timelines, and the same step block by block, go to $OUT; TRACE_SHAPES picks the
+# shapes, TRACE_ARGS replaces "-d 512 -c 1024", e.g. "-d 32768 -c 33024 --kv int8")
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -83,13 +84,13 @@ batch() { # several sequences decoding together (bench --batch), the 8B shape at
 }
 
 trace() { # one decode step's timeline (a TRACE=1 build), 8B and 30B-A3B Q4_K at 512 cells
-    local m=$T/trace.gguf st=$T/strata-trace
+    local m=$T/trace.gguf st=$T/strata-trace args=${TRACE_ARGS:-"-d 512 -c 1024"}
     gunzip -c "$D/strata-trace.gz" >"$st" && chmod +x "$st" || return
-    for shape in qwen3-8b qwen3-30b-a3b; do
+    for shape in ${TRACE_SHAPES:-qwen3-8b qwen3-30b-a3b}; do
         $S synth --shape $shape --type q4_k -o "$m" >/dev/null || return
-        echo "== trace: $shape q4_k, tg128 at 512 cells"
-        STRATA_GPU_TRACE=${OUT:-$T}/trace-$shape.txt $st bench -m "$m" --device gpu -p 0 -n 128 -d 512 -r 2 \
-            -c 1024 2>/dev/null | grep -E '^decode '
+        echo "== trace: $shape q4_k, tg16, $args"
+        STRATA_GPU_TRACE=${OUT:-$T}/trace-$shape.txt STRATA_GPU_TRACE_BLOCKS=${OUT:-$T}/blocks-$shape.txt \
+            $st bench -m "$m" --device gpu -p 0 -n 16 -r 1 $args 2>/dev/null | grep -E '^decode '
         head -n 16 "${OUT:-$T}/trace-$shape.txt"
         rm -f "$m"
     done
