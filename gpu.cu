@@ -2656,14 +2656,14 @@ static int gf_env(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
-/* the Q4_K decode kernel for rows of n columns: UL units a lane, S slices
- * (0 when the rows are too wide for it) */
 /* the column slices of rows n wide at UL units a lane (a unit: 64 columns) */
 static int gf_mvk_slices(int n, int UL)
 {
     return (n / 256 * 4 + UL * GPU_WARP - 1) / (UL * GPU_WARP);
 }
 
+/* the Q4_K decode kernel for rows of n columns: UL units a lane, S slices
+ * (0 when the rows are too wide for it) */
 static int gf_mvk_shape(int n, int *UL)
 {
     *UL = n / 256 * 4 <= GPU_WARP ? 1 : 2;
