@@ -204,10 +204,12 @@ struct gpu_trace_rec {
     unsigned tag, sm;
 };
 static __device__ gpu_trace_rec gpu_trace_ring[GPU_TRACE_GRIDS * GPU_TRACE_BLOCKS];
-/* the points thread 0 has passed (bit k: GPU_TRACE_AT(k), bit 4: the
- * wait), so that a point costs no read of its record: an L2 round trip
- * on the first thread's path would lengthen what it measures */
+/* the points thread 0 has passed (bit k: GPU_TRACE_AT(k), bit
+ * GPU_TRACE_WAIT: the wait), so that a point costs no read of its record:
+ * an L2 round trip on the first thread's path would lengthen what it
+ * measures */
 static __shared__ unsigned gpu_trace_seen;
+#define GPU_TRACE_WAIT 4
 
 static __device__ __forceinline__ unsigned long long gpu_clock_ns()
 {
@@ -248,15 +250,25 @@ struct gpu_trace_scope {
 };
 #define GPU_TRACE(tag) gpu_trace_scope gpu_trace_scope_(tag)
 
+/* this block's record when thread 0 passes point k for the first time,
+ * else NULL */
+static __device__ __forceinline__ gpu_trace_rec *gpu_trace_first(int k)
+{
+    unsigned long long g;
+    gpu_trace_rec *r = gpu_trace_at(&g);
+    if (!r || threadIdx.x != 0 || gpu_trace_seen & 1u << k)
+        return NULL;
+    gpu_trace_seen |= 1u << k;
+    return r;
+}
+
 /* the first time thread 0 of the block passes point k: GPU_TRACE_MARK (0,
  * one a kernel, in the timeline) or GPU_TRACE_AT(1..3) (the block by block
  * file only) */
 static __device__ __forceinline__ void gpu_trace_point(int k)
 {
-    unsigned long long g;
-    gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !(gpu_trace_seen & 1u << k))
-        gpu_trace_seen |= 1u << k, r->tm[k] = gpu_clock_ns();
+    if (gpu_trace_rec *r = gpu_trace_first(k))
+        r->tm[k] = gpu_clock_ns();
 }
 #define GPU_TRACE_MARK() gpu_trace_point(0)
 #define GPU_TRACE_AT(k) gpu_trace_point(k)
@@ -282,15 +294,14 @@ static inline int gpu_trace_copy(void *dst)
 static __device__ __forceinline__ void gpu_grid_wait()
 {
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
-    unsigned long long g, tw = gpu_clock_ns();
+    unsigned long long tw = gpu_clock_ns();
 #endif
 #if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
-    gpu_trace_rec *r = gpu_trace_at(&g);
-    if (r && threadIdx.x == 0 && !(gpu_trace_seen & 16u))
-        gpu_trace_seen |= 16u, r->tw = tw, r->tr = gpu_clock_ns();
+    if (gpu_trace_rec *r = gpu_trace_first(GPU_TRACE_WAIT))
+        r->tw = tw, r->tr = gpu_clock_ns();
 #endif
 }
 
