@@ -994,6 +994,29 @@ static __device__ __forceinline__ int akd_opos(int row, int e)
     return ROW == ROW_I8C ? row * (E + 4) + e + (e >> 5) : row * E + (e ^ ((row >> 1) & 3));
 }
 
+/* 2^x by the special function unit (relative error ~2^-22, as CUDA's expf;
+ * 2^-inf = 0): ak_dec's softmax keeps its scores in base 2, log2(e) folded
+ * into the scale, so that each weight is one instruction, not expf's
+ * range reduction. */
+#define AKD_LOG2E 1.44269504088896341f
+#define AKD_LN2 0.693147180559945309f
+static __device__ __forceinline__ float akd_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* The least power of two above x > 0 (frexpf's 2^e, x = f·2^e, f in
+ * [0.5, 1)) and its reciprocal, exactly, from x's exponent bits; x normal
+ * and below 2^126. x = 0: both 1. */
+static __device__ __forceinline__ void akd_pow2_above(float x, float *p, float *ip)
+{
+    unsigned e = __float_as_uint(x) >> 23;
+    *p = x > 0.0f ? __uint_as_float((e + 1) << 23) : 1.0f;
+    *ip = x > 0.0f ? __uint_as_float((253 - e) << 23) : 1.0f;
+}
+
 /* Four int8 codes (bytes 0..3 of w) as two f16 pairs (0,1) and (2,3),
  * exactly: each code + 128 becomes the low mantissa byte of 1024 (0x6400),
  * and 1024 + 128 is subtracted. */
@@ -1206,6 +1229,11 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         m[nb][0] = m[nb][1] = -INFINITY;
         l[nb][0] = l[nb][1] = 0.0f;
     }
+    /* scores in base 2 (akd_ex2); int8 rows: Oᵀ kept divided by the last
+     * step's dm (dmp), its rescale by the next step's al folded with
+     * dmp/dm, one multiply a row, and by dmp once after the loop */
+    const float scale2 = a.scale * AKD_LOG2E;
+    float dmp = 1.0f;
     int pre = 0; /* steps copied before the wait: whole steps of old cells */
     if (early) {
         for (; pre < NST - 1 && pre < my && e_lo + (w + pre * NW) * C + C <= p0; pre++)
@@ -1214,7 +1242,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     }
     /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
     uint32_t qh[NB][KT][2], ql[NB][KT][2];
-    int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see */
+    int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see (and the partition's) */
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
         int r = 8 * nb + g;
@@ -1229,7 +1257,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         }
 #pragma unroll
         for (int c = 0; c < 2; c++)
-            lim[nb][c] = a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G;
+            lim[nb][c] = min(e_hi - 1, a.qsa ? INT_MAX : p0 + (8 * nb + 2 * t4 + c) / G);
     }
 
     GPU_TRACE_MARK();   /* Q in registers (the measuring build) */
@@ -1288,7 +1316,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         float kA[MC], kB[MC], dvA[MC], dvB[MC], dm = 1.0f, idm = 1.0f;   /* idm = 1/dm, exact */
 #pragma unroll
         for (int mc = 0; mc < MC; mc++) {
-            kA[mc] = kB[mc] = a.scale;
+            kA[mc] = kB[mc] = scale2;
             dvA[mc] = dvB[mc] = 1.0f;
         }
         if constexpr (ROW != ROW_F16) {
@@ -1308,10 +1336,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             dx = fmaxf(dx, gpu_shfl_xor(dx, 4));
             dx = fmaxf(dx, gpu_shfl_xor(dx, 8));
             dx = fmaxf(dx, gpu_shfl_xor(dx, 16));
-            int ex = 0;
-            frexpf(dx, &ex);
-            dm = dx > 0.0f ? ldexpf(1.0f, ex) : 1.0f;
-            idm = dx > 0.0f ? ldexpf(1.0f, -ex) : 1.0f;
+            akd_pow2_above(dx, &dm, &idm);
 #pragma unroll
             for (int mc = 0; mc < MC; mc++) {
                 dvA[mc] *= idm;
@@ -1326,8 +1351,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 int entA = c0 + 16 * mc + g, entB = entA + 8;
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    S[nb][mc][c] = entA < e_hi && entA <= lim[nb][c] ? S[nb][mc][c] * kA[mc] : -INFINITY;
-                    S[nb][mc][2 + c] = entB < e_hi && entB <= lim[nb][c] ? S[nb][mc][2 + c] * kB[mc] : -INFINITY;
+                    S[nb][mc][c] = entA <= lim[nb][c] ? S[nb][mc][c] * kA[mc] : -INFINITY;
+                    S[nb][mc][2 + c] = entB <= lim[nb][c] ? S[nb][mc][2 + c] * kB[mc] : -INFINITY;
                 }
                 x0 = mc ? fmaxf(x0, fmaxf(S[nb][mc][0], S[nb][mc][2])) : fmaxf(S[nb][mc][0], S[nb][mc][2]);
                 x1 = mc ? fmaxf(x1, fmaxf(S[nb][mc][1], S[nb][mc][3])) : fmaxf(S[nb][mc][1], S[nb][mc][3]);
@@ -1339,16 +1364,18 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 x1 = fmaxf(x1, gpu_shfl_xor(x1, o));
             }
             float n0 = fmaxf(m[nb][0], x0), n1 = fmaxf(m[nb][1], x1);
-            /* a row with only -inf so far keeps m = -inf and weighs nothing */
-            float al0 = n0 == -INFINITY || m[nb][0] == -INFINITY ? 0.0f : expf(m[nb][0] - n0);
-            float al1 = n1 == -INFINITY || m[nb][1] == -INFINITY ? 0.0f : expf(m[nb][1] - n1);
+            /* a row with only -inf so far keeps m = -inf and weighs nothing:
+             * its cells' 2^(-inf - 0) are 0, as a cell's past the row's end */
+            float al0 = m[nb][0] == -INFINITY ? 0.0f : akd_ex2(m[nb][0] - n0);
+            float al1 = m[nb][1] == -INFINITY ? 0.0f : akd_ex2(m[nb][1] - n1);
+            float b0 = n0 == -INFINITY ? 0.0f : n0, b1 = n1 == -INFINITY ? 0.0f : n1;
             float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
             for (int mc = 0; mc < MC; mc++) {
-                float q0 = S[nb][mc][0] == -INFINITY ? 0.0f : expf(S[nb][mc][0] - n0);
-                float q1 = S[nb][mc][1] == -INFINITY ? 0.0f : expf(S[nb][mc][1] - n1);
-                float q2 = S[nb][mc][2] == -INFINITY ? 0.0f : expf(S[nb][mc][2] - n0);
-                float q3 = S[nb][mc][3] == -INFINITY ? 0.0f : expf(S[nb][mc][3] - n1);
+                float q0 = akd_ex2(S[nb][mc][0] - b0);
+                float q1 = akd_ex2(S[nb][mc][1] - b1);
+                float q2 = akd_ex2(S[nb][mc][2] - b0);
+                float q3 = akd_ex2(S[nb][mc][3] - b1);
                 ls0 += q0 + q2; /* this lane's cells; summed over g at the end */
                 ls1 += q1 + q3;
                 float *pr = ps + (8 * nb + 2 * t4) * PLD + 16 * mc;
@@ -1361,7 +1388,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             l[nb][1] = l[nb][1] * al1 + ls1;
             m[nb][0] = n0;
             m[nb][1] = n1;
-            float oa0 = al0 * idm, oa1 = al1 * idm;
+            float oa0 = al0 * (dmp * idm), oa1 = al1 * (dmp * idm);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 O[nb][mt][0] *= oa0;
@@ -1424,19 +1451,24 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
             }
         }
-        if constexpr (ROW != ROW_F16) {
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        O[nb][mt][i] *= dm;
-        }
+        dmp = dm;
         __syncwarp(); /* the stage and the Pᵀ tile are read */
     }
 
     akd_wait<0>();
+    if constexpr (ROW != ROW_F16) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    O[nb][mt][i] *= dmp;
+    }
+    /* m from base 2 back to e for the partials (ak_merge's) */
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+        m[nb][0] *= AKD_LN2, m[nb][1] *= AKD_LN2;
     /* each row's l summed over the lanes' cells (g) */
 #pragma unroll
     for (int nb = 0; nb < NB; nb++)
