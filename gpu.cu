@@ -1061,6 +1061,31 @@ static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float
         p.nds[r0 / GF_AB] = sc, p.nss[r0 / GF_AB] = ss;
 }
 
+enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* a column-sliced kernel's part in a handed-on norm (gf_mv.nw, .ss) */
+
+/* A column-sliced kernel's tiles of RT rows: every gridDim.x-th from
+ * blockIdx.x, or, where it hands on a norm, its block's GF_AB rows one after
+ * the other (the grid: a block for each GF_AB rows). */
+template <int NORM, int RT>
+static __device__ __forceinline__ void gf_block_tiles(int tiles, int *tile, int *step, int *end)
+{
+    *tile = blockIdx.x, *step = gridDim.x, *end = tiles;
+    if (NORM == GF_NORM_OUT)
+        *tile = blockIdx.x * (GF_AB / RT), *step = 1, *end = min(*tile + GF_AB / RT, tiles);
+}
+
+/* A norm-handing block's end: warp 0, whose first RT threads stored the
+ * block's rows from r0 into xo round by round, hands them on (gf_norm_out;
+ * nw: the norm weight of lane's row, read at the start). */
+static __device__ __forceinline__ void gf_block_norm_out(const gf_mv &p, int r0, int total, const float *xo, float nw)
+{
+    int lane = threadIdx.x % GPU_WARP;
+    if (threadIdx.x >= GPU_WARP || r0 >= total)
+        return;
+    gpu_syncwarp();   /* (the rows were stored by this warp's lanes) */
+    gf_norm_out(p, r0, lane < GF_AB ? xo[lane] : 0.0f, nw);
+}
+
 /* the R rows from r0 (the last row past the end), each unit k at byte uo[k]
  * of its row (its superblock's; ub[k] & 3 the pair in it) */
 template <int UL, int R>
@@ -1081,8 +1106,6 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
         }
     }
 }
-
-enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* gf_mvk_kernel's part in a handed-on norm (gf_mv.nw, .ss) */
 
 /* Launch bounds: one slice (UL 1 but for a norm-handing product, which
  * takes UL 1 at several slices) at five blocks an SM, whose registers the
@@ -1114,9 +1137,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     int4 wh[R][UL], wq[R][UL][2];
     /* the block's tiles: every gridDim.x-th from blockIdx.x; a block's GF_AB
      * rows one after the other where it hands on a norm */
-    int tile = blockIdx.x, step = gridDim.x, end = tiles;
-    if (NORM == GF_NORM_OUT)
-        tile = blockIdx.x * (GF_AB / RT), step = 1, end = min(tile + GF_AB / RT, tiles);
+    int tile, step, end;
+    gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
     int own = NORM == GF_NORM_OUT && warp == 0 && lane < GF_AB && tile * RT + lane < total;   /* (its row) */
     float nw = own ? p.nw[tile * RT + lane] : 0.0f;
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
@@ -1186,10 +1208,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
             for (int k = 0; k < UL; k++)
                 wh[j][k] = nh[j][k], wq[j][k][0] = nq[j][k][0], wq[j][k][1] = nq[j][k][1];
     }
-    if (NORM == GF_NORM_OUT && warp == 0 && r0 < total) {   /* (the rows were stored by this warp's lanes) */
-        gpu_syncwarp();
-        gf_norm_out(p, r0, lane < GF_AB ? xo[lane] : 0.0f, nw);
-    }
+    if (NORM == GF_NORM_OUT)
+        gf_block_norm_out(p, r0, total, xo, nw);
 }
 
 /* ==== the decode kernel of the other formats: staged rows, the activation in registers ====
@@ -1398,7 +1418,7 @@ static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
     return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + 1 + GPU_WARP - 1) / GPU_WARP;
 }
 
-template <class F, int UL>
+template <class F, int UL, int NORM>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVS);
@@ -1427,12 +1447,15 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         return (int)((uintptr_t)s & 15);
     };
     int4 v[NVL];
-    int tile = blockIdx.x, o = 0;
-    if (!p.ids && tile < tiles)
+    int tile, step, end, o = 0;
+    gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
+    int r0 = tile * RT, own = NORM == GF_NORM_OUT && warp == 0 && lane < GF_AB && r0 + lane < total;   /* (its row) */
+    float nw = own ? p.nw[r0 + lane] : 0.0f;
+    if (!p.ids && tile < end)
         o = fetch(tile * RT + sub, v);
     gf_pdl_begin();
     eo = gf_group_off(p, g);
-    if (p.ids && tile < tiles)
+    if (p.ids && tile < end)
         o = fetch(tile * RT + sub, v);
     /* this lane's units: u = (slice·UL + k)·GPU_WARP + lane */
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
@@ -1457,10 +1480,12 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         }
     }
     int writer = threadIdx.x < RT;
-    float yo = writer && tile < tiles ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    float yo = writer && tile < end ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    float scale = NORM == GF_NORM_IN && warp == 0 ? gf_ss_scale(p) : 1.0f;   /* (the writers are warp 0's) */
+    __shared__ float xo[GF_AB];   /* a norm handed on: the block's rows as stored */
     int4 *stage = gf_mvs_stage + warp * NVL * GPU_WARP;
     const uint8_t *sm = (const uint8_t *)stage;
-    for (int round = 0; tile < tiles; tile += gridDim.x, round++) {
+    for (int round = 0; tile < end; tile += step, round++) {
         /* this round's row into the warp's stage, the next round's loads out */
         gpu_syncwarp();
 #pragma unroll
@@ -1469,10 +1494,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         gpu_syncwarp();
         int so = o;
         float yn = 0.0f;
-        if (tile + (int)gridDim.x < tiles) {
-            o = fetch((tile + gridDim.x) * RT + sub, v);
+        if (tile + step < end) {
+            o = fetch((tile + step) * RT + sub, v);
             if (writer)
-                yn = gf_mv_old(p, g, (tile + gridDim.x) * RT + threadIdx.x, total);
+                yn = gf_mv_old(p, g, (tile + step) * RT + threadIdx.x, total);
         }
         float acc = 0.0f;
 #pragma unroll
@@ -1483,9 +1508,13 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         if (lane == 0)
             part[round & 1][slice][sub] = sum;
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, 1.0f);
+        float y = gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, scale);
+        if (NORM == GF_NORM_OUT && writer)
+            xo[round * RT + threadIdx.x] = y;
         yo = yn;
     }
+    if (NORM == GF_NORM_OUT)
+        gf_block_norm_out(p, r0, total, xo, nw);
 }
 
 /* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
@@ -2748,16 +2777,37 @@ static int gf_mvs_smem(int UL, int S)
     return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL) * GPU_WARP * 16;
 }
 
-template <class F, int UL>
-static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+template <class F, int UL, int NORM>
+static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    void (*k)(gf_mv) = gf_mvs_kernel<F, UL>;
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S);
+    void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM>;
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S), total = p.end[p.parts - 1];
     static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
     if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
         asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
-    dim3 grid = gf_wave(k, threads, smem, &per_sm[S], groups, (p.end[p.parts - 1] + GF_MVK_SUB - 1) / GF_MVK_SUB);
+    dim3 grid = NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)   /* (a block's GF_AB rows) */
+                                    : gf_wave(k, threads, smem, &per_sm[S], groups,
+                                              (total + GF_MVK_SUB - 1) / GF_MVK_SUB);
     gf_launch(k, grid, threads, smem, s, p);
+}
+
+/* the staged formats with a handed-on norm's forms (gf_hand_takes): Q6_K
+ * and Q8_0, Q4_K_M's layers of more bits and Q8_0 files; the others never
+ * take part in one */
+template <class F> struct gf_mvs_hands { enum { OK = 0 }; };
+template <> struct gf_mvs_hands<gf_mvs_q6_K> { enum { OK = 1 }; };
+template <> struct gf_mvs_hands<gf_mvs_q8_0> { enum { OK = 1 }; };
+
+template <class F, int UL>
+static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
+{
+    enum { H = gf_mvs_hands<F>::OK };
+    if (H && p.nw)
+        gf_mvs_launch_n<F, UL, H ? GF_NORM_OUT : GF_NORM_NONE>(p, groups, S, s);
+    else if (H && p.ss)
+        gf_mvs_launch_n<F, UL, H ? GF_NORM_IN : GF_NORM_NONE>(p, groups, S, s);
+    else
+        gf_mvs_launch_n<F, UL, GF_NORM_NONE>(p, groups, S, s);
 }
 
 /* whether gf_mvs_kernel takes this product's one-row groups: rows of whole
@@ -2777,6 +2827,19 @@ static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
 static int gf_mvk_takes(int type, int n, int *UL, int *S)
 {
     return type == QT_Q4_K && !gf_env("STRATA_GPU_MV_OLD") && (*S = gf_mvk_shape(n, UL)) > 0;
+}
+
+/* whether one token's product of this type and width (one matrix, not
+ * experts) runs in a kernel with a handed-on norm's forms: gf_mvk_kernel's
+ * Q4_K, gf_mvs_kernel's Q6_K and Q8_0 (gf_mv_launch_t's choice for them) */
+static int gf_hand_takes(int type, int n)
+{
+    gf_mv p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    int UL, S;
+    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(p, &UL, &S)) ||
+           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(p, &UL, &S));
 }
 
 #ifdef GPU_CUDA
@@ -2917,15 +2980,15 @@ static int gf_act_bt(const struct gf_out *o, int n_out, int T)
 }
 
 /* A handed-on norm's fields on a product's launch (gf_hand_begin): the
- * one product into x that hands it on, or the one launch of its readers,
- * after which it is spent */
+ * one product into x that hands it on, or a launch of its readers (one for
+ * each type among them: Q4_K_M's q and k beside a Q6_K v); the caller
+ * spends it after their launches (c->handed = 0) */
 static void gf_mv_hand(struct gpu_ctx *c, gf_mv *p)
 {
     if (c->hand_w)
         p->nw = c->hand_w, p->nq = c->nq, p->nds = c->nds, p->nss = c->nss;
     if (c->handed)
         p->aq = c->nq, p->ads = c->nds, p->ss = c->nss, p->ss_n = p->n / GF_AB, p->eps = c->g->hp.rms_eps;
-    c->handed = 0;
 }
 
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
@@ -2989,6 +3052,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
             return -1;
     }
+    c->handed = 0;
     return 0;
 }
 
@@ -3035,6 +3099,7 @@ static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T
     p.ids = c->sel, p.sw = c->selw, p.ne = dn->n;
     p.aq = c->aq, p.ads = c->ads, p.af = c->gt, p.a_div = 1, p.a_g = 1, p.t_total = T, p.accumulate = 1;
     gf_mv_hand(c, &p);
+    c->handed = 0;
     return gf_mv_launch(dn->type, p, T, 1, c->stream, err, errlen) ? -1 : 0;
 }
 
@@ -3149,18 +3214,19 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
 /* Before a product into x of rows n wide (from): hand the RMSNorm of
  * weights nw on to the products `to` that read it next (gf_mv.nw and .ss:
  * no gf_act_kernel between them), where it can: one token of one sequence,
- * all of them Q4_K in gf_mvk_kernel, `to` in one launch (one row length),
- * x in whole blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never
- * does, for comparisons. gf_hand_end after the product: c->handed then
- * says whether the norm was handed on (its readers' launch, gf_mv_hand,
- * spends it). */
-static void gf_hand_begin(struct gpu_ctx *c, int type, int n, const float *nw, const struct gf_mat *const *to,
-                          int n_to, int T)
+ * every product in a kernel with the handed-on forms (gf_hand_takes; an
+ * experts' product, ex, Q4_K's side by side alone), x in whole blocks of
+ * 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does, for comparisons.
+ * gf_hand_end after the product: c->handed then says whether the norm was
+ * handed on (its readers' launches, gf_mv_hand, spend it). */
+static void gf_hand_begin(struct gpu_ctx *c, int type, int n, int ex, const float *nw,
+                          const struct gf_mat *const *to, int n_to, int T)
 {
-    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 && gf_mvk_takes(type, n, &UL, &S) &&
+    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 &&
+                    (ex ? gf_mvk_takes(type, n, &UL, &S) : gf_hand_takes(type, n)) &&
                     !gf_env("STRATA_GPU_NO_HANDOFF");
     for (int i = 0; ok && i < n_to; i++)
-        ok = gf_mvk_takes(to[i]->type, to[i]->n, &UL, &S) && to[i]->ldw == to[0]->ldw;
+        ok = gf_hand_takes(to[i]->type, to[i]->n);
     c->hand_w = ok ? nw : NULL;
 }
 
@@ -3210,7 +3276,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         (!quantised &&
          gf_act(s, GF_ACT_PLAIN, c->ao, NULL, NULL, 0, HE, T, c->abt, NULL, c->aq, c->ads, err, errlen)) ||
         (gf_mark(c, GF_ST_ACT), 0) ||
-        (gf_hand_begin(c, ly->wo.type, ly->wo.n, ly->moe ? NULL : ly->ffn_norm, gum, 2, T),
+        (gf_hand_begin(c, ly->wo.type, ly->wo.n, 0, ly->moe ? NULL : ly->ffn_norm, gum, 2, T),
          gf_matmul_n(c, &wo, 1, c->ao, T, 1, err, errlen)) ||
         (gf_hand_end(c), gf_mark(c, GF_ST_WO), 0) || (c->abt = ly->moe ? 0 : gf_act_bt(gu, 2, T), 0) ||
         (!norm_router && !c->handed &&
@@ -3226,7 +3292,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
                  (c->abt = gf_act_bt(&down, 1, T), 0) ||
                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
-                 (gf_hand_begin(c, ly->down.type, ly->down.n, nx ? nx->attn_norm : NULL, qkvm, 3, T),
+                 (gf_hand_begin(c, ly->down.type, ly->down.n, 0, nx ? nx->attn_norm : NULL, qkvm, 3, T),
                   gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen)) ? -1 : 0;
         gf_hand_end(c);
         gf_mark(c, GF_ST_DOWN);
@@ -3254,7 +3320,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
-        gf_hand_begin(c, dn->type, U * dn->n, nx ? nx->attn_norm : NULL, qkvm, 3, T);
+        gf_hand_begin(c, dn->type, U * dn->n, 1, nx ? nx->attn_norm : NULL, qkvm, 3, T);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         gf_hand_end(c);
         summed = rc == 0;

@@ -902,29 +902,40 @@ static void tg_formats(void)
     }
 }
 
-/* A dense Q4_K qwen3 whose layers hand their norms from the products into
+/* Dense qwen3 models whose layers hand their norms from the products into
  * x to the products after them (gf_hand_begin, one-token steps: down to
  * the next q/k/v, wo to gate/up): GPU vs CPU with the handoff and with
  * STRATA_GPU_NO_HANDOFF=1 (the activation kernels between them), and the
  * two not equal bit for bit (the handoff ran: it scales each row's sum,
- * not each block's codes). */
+ * not each block's codes). Q4_K (gf_mvk_kernel); Q8_0 (gf_mvs_kernel
+ * alone); Q4_K_M of 4 layers, whose layers 2 and 3 hold a Q6_K v and down
+ * (synth's rule for the layers of more bits): a Q4_K down hands to a q/k/v
+ * of two launches, a Q6_K down to the next. */
 static void tg_handoff(void)
 {
-    if (!test_begin_gpu("gpu/handoff a dense Q4_K model, its norms handed from products into x to the next and not: "
-                        "GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
+                        "the next and not: GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf";
-    char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", "n_layer=3", "--set",
-                    "n_head=8", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=1536",
-                    "--set", "n_vocab=2000", "--type", "Q4_K", "-o", path};
-    if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
-        return;
-    tg_random_model("qwen3-synth-Q4_K n_embd=512, handoff", path, 8);
-    setenv("STRATA_GPU_NO_HANDOFF", "1", 1);
-    tg_random_model("qwen3-synth-Q4_K n_embd=512, STRATA_GPU_NO_HANDOFF=1", path, 8);
-    unsetenv("STRATA_GPU_NO_HANDOFF");
-    tg_same_or_not("qwen3-synth-Q4_K n_embd=512", path, "STRATA_GPU_NO_HANDOFF", 0);
-    remove(path);
+    static const char *types[] = {"Q4_K", "Q8_0", "Q4_K_M"};
+    for (int i = 0; i < 3; i++) {
+        char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf", label[96], type[16], layers[16];
+        snprintf(type, sizeof type, "%s", types[i]);
+        snprintf(layers, sizeof layers, "n_layer=%d", i == 2 ? 4 : 3);
+        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", layers, "--set",
+                        "n_head=8", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=1536",
+                        "--set", "n_vocab=2000", "--type", type, "-o", path};
+        if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
+            return;
+        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512, handoff", type);
+        tg_random_model(label, path, 8);
+        setenv("STRATA_GPU_NO_HANDOFF", "1", 1);
+        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512, STRATA_GPU_NO_HANDOFF=1", type);
+        tg_random_model(label, path, 8);
+        unsetenv("STRATA_GPU_NO_HANDOFF");
+        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
+        tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0);
+        remove(path);
+    }
 }
 
 /* --device auto takes the GPU only for a model it can hold: one it refuses
