@@ -2853,15 +2853,21 @@ static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 }
 #endif
 
+/* A norm-handing product runs rows/32 blocks: the slices of one unit a
+ * lane where they fit, for twice the warps a block (0: keep UL units) */
+static int gf_hand_slices(const gf_mv &p, int UL)
+{
+    int S1 = p.nw && UL == 2 ? gf_mvk_slices(p.n, 1) : 0;
+    return S1 <= GF_MVK_SMAX ? S1 : 0;
+}
+
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
     int rows = p.end[p.parts - 1], UL = 0, S = 0;
     if (nt == 1 && Q::BYTES == 144 && gf_mvk_takes(QT_Q4_K, p.n, &UL, &S)) {
-        /* a norm-handing product runs rows/32 blocks: the narrower units
-         * where their slices fit, for twice the warps a block */
-        int S1 = p.nw && UL == 2 ? gf_mvk_slices(p.n, 1) : 0;
-        if (S1 && S1 <= GF_MVK_SMAX)
+        int S1 = gf_hand_slices(p, UL);
+        if (S1)
             UL = 1, S = S1;
         if (UL == 1)
             gf_mvk_launch<1>(p, groups, S, s);
@@ -2869,6 +2875,9 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<2>(p, groups, S, s);
     } else if (nt == 1 && gf_mvs_takes<Q>(p, &UL, &S)) {
         typedef typename gf_mvs_of<Q>::G G;
+        int S1 = gf_hand_slices(p, UL);
+        if (S1 && gf_mvs_smem<G>(1, S1) <= 96 * 1024)   /* (where the stage fits) */
+            UL = 1, S = S1;
         if (UL == 1)
             gf_mvs_launch<G, 1>(p, groups, S, s);
         else
