@@ -1223,7 +1223,10 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
  * L1-bound (BENCH.md, thirteenth pass). A lane's unit is 64 columns, its
  * activation four 16-byte pieces (their blocks' scales, and the sums of
  * their codes, which take Q6_K's offset of 32 out of the products). Tiles,
- * slices, rounds and the store are gf_mvk_kernel's. */
+ * slices, rounds and the store are gf_mvk_kernel's, and so are the forms of
+ * a handed-on norm (NORM; Q6_K and Q8_0 only, gf_mvs_hands): Q4_K_M's
+ * layers of more bits and Q8_0 files take the handoff too (BENCH.md,
+ * twenty-eighth pass). */
 
 /* Q6_K: unit u is half h = u % 4 / 2 of superblock u / 4, columns 128h +
  * 32i + 16j + 0..15 (j = u % 2, quarter i = 0..3: quant.c's k6_unpack) */
