@@ -908,9 +908,11 @@ static void tg_formats(void)
  * STRATA_GPU_NO_HANDOFF=1 (the activation kernels between them), and the
  * two not equal bit for bit (the handoff ran: it scales each row's sum,
  * not each block's codes). Q4_K (gf_mvk_kernel); Q8_0 (gf_mvs_kernel
- * alone); Q4_K_M of 4 layers, whose layers 2 and 3 hold a Q6_K v and down
- * (synth's rule for the layers of more bits): a Q4_K down hands to a q/k/v
- * of two launches, a Q6_K down to the next. */
+ * alone), with 32 heads of 128 so that wo is 4,096 wide (its norm-handing
+ * form at one unit a lane, two slices: gf_hand_slices); Q4_K_M of 4 layers,
+ * whose layers 2 and 3 hold a Q6_K v and down (synth's rule for the layers
+ * of more bits): a Q4_K down hands to a q/k/v of two launches, a Q6_K down
+ * to the next. */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
@@ -919,11 +921,15 @@ static void tg_handoff(void)
     static const char *types[] = {"Q4_K", "Q8_0", "Q4_K_M"};
     for (int i = 0; i < 3; i++) {
         char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf", label[96], type[16], layers[16];
+        char heads[16], kv_heads[16], dim[16];
         snprintf(type, sizeof type, "%s", types[i]);
         snprintf(layers, sizeof layers, "n_layer=%d", i == 2 ? 4 : 3);
-        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", layers, "--set",
-                        "n_head=8", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=1536",
-                        "--set", "n_vocab=2000", "--type", type, "-o", path};
+        snprintf(heads, sizeof heads, "n_head=%d", i == 1 ? 32 : 8);
+        snprintf(kv_heads, sizeof kv_heads, "n_head_kv=%d", i == 1 ? 8 : 2);
+        snprintf(dim, sizeof dim, "head_dim=%d", i == 1 ? 128 : 64);
+        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", layers, "--set", heads,
+                        "--set", kv_heads, "--set", dim, "--set", "n_ff=1536", "--set", "n_vocab=2000",
+                        "--type", type, "-o", path};
         if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
             return;
         snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512, handoff", type);
