@@ -1074,6 +1074,16 @@ static __device__ __forceinline__ void gf_block_tiles(int tiles, int *tile, int 
         *tile = blockIdx.x * (GF_AB / RT), *step = 1, *end = min(*tile + GF_AB / RT, tiles);
 }
 
+/* A norm-handing block's norm weight for lane's row of its GF_AB rows from
+ * r0 (warp 0's lanes; 0 elsewhere and in the other forms) */
+template <int NORM>
+static __device__ __forceinline__ float gf_block_norm_w(const gf_mv &p, int r0, int total)
+{
+    int lane = threadIdx.x % GPU_WARP;
+    return NORM == GF_NORM_OUT && threadIdx.x < GPU_WARP && lane < GF_AB && r0 + lane < total ? p.nw[r0 + lane]
+                                                                                              : 0.0f;
+}
+
 /* A norm-handing block's end: warp 0, whose first RT threads stored the
  * block's rows from r0 into xo round by round, hands them on (gf_norm_out;
  * nw: the norm weight of lane's row, read at the start). */
@@ -1139,8 +1149,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
      * rows one after the other where it hands on a norm */
     int tile, step, end;
     gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
-    int own = NORM == GF_NORM_OUT && warp == 0 && lane < GF_AB && tile * RT + lane < total;   /* (its row) */
-    float nw = own ? p.nw[tile * RT + lane] : 0.0f;
+    float nw = gf_block_norm_w<NORM>(p, tile * RT, total);
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
@@ -1452,8 +1461,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     int4 v[NVL];
     int tile, step, end, o = 0;
     gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
-    int r0 = tile * RT, own = NORM == GF_NORM_OUT && warp == 0 && lane < GF_AB && r0 + lane < total;   /* (its row) */
-    float nw = own ? p.nw[r0 + lane] : 0.0f;
+    int r0 = tile * RT;
+    float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)
         o = fetch(tile * RT + sub, v);
     gf_pdl_begin();
@@ -2750,15 +2759,22 @@ static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int gr
     return dim3(blocks < tiles ? blocks : tiles, groups);
 }
 
+/* A column-sliced kernel's grid: a block for each GF_AB rows where it hands
+ * on a norm, else one wave (gf_wave) over tiles of rt rows */
+template <int NORM>
+static dim3 gf_sliced_grid(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int total, int rt)
+{
+    return NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)
+                               : gf_wave(k, threads, smem, per_sm, groups, (total + rt - 1) / rt);
+}
+
 template <int UL, int NORM>
 static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
     int total = p.end[p.parts - 1];
-    dim3 grid = NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)   /* (a block's GF_AB rows) */
-                                    : gf_wave(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], groups,
-                                              (total + rt - 1) / rt);
+    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], groups, total, rt);
     gf_launch(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, p);
 }
 
@@ -2788,9 +2804,7 @@ static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
     static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
     if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
         asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
-    dim3 grid = NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)   /* (a block's GF_AB rows) */
-                                    : gf_wave(k, threads, smem, &per_sm[S], groups,
-                                              (total + GF_MVK_SUB - 1) / GF_MVK_SUB);
+    dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], groups, total, GF_MVK_SUB);
     gf_launch(k, grid, threads, smem, s, p);
 }
 
@@ -2817,10 +2831,9 @@ static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
  * superblocks of a format it has (gf_mvs_of), of one matrix or an expert
  * stack (not experts side by side), a stage of at most 96 KB */
 template <class Q>
-static int gf_mvs_takes(const gf_mv &p, int *UL, int *S)
+static int gf_mvs_takes(int n, int ne, int *UL, int *S)
 {
-    if (!gf_mvs_of<Q>::OK || p.n % 256 || p.ne || gf_env("STRATA_GPU_MV_OLD") ||
-        !(*S = gf_mvk_shape(p.n, UL)))
+    if (!gf_mvs_of<Q>::OK || n % 256 || ne || gf_env("STRATA_GPU_MV_OLD") || !(*S = gf_mvk_shape(n, UL)))
         return 0;
     typedef typename gf_mvs_of<Q>::G G;
     return gf_mvs_smem<G>(*UL, *S) <= 96 * 1024;
@@ -2837,12 +2850,9 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
  * Q4_K, gf_mvs_kernel's Q6_K and Q8_0 (gf_mv_launch_t's choice for them) */
 static int gf_hand_takes(int type, int n)
 {
-    gf_mv p;
-    memset(&p, 0, sizeof p);
-    p.n = n;
     int UL, S;
-    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(p, &UL, &S)) ||
-           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(p, &UL, &S));
+    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(n, 0, &UL, &S)) ||
+           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(n, 0, &UL, &S));
 }
 
 #ifdef GPU_CUDA
@@ -2876,7 +2886,7 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_mvk_launch<1>(p, groups, S, s);
         else
             gf_mvk_launch<2>(p, groups, S, s);
-    } else if (nt == 1 && gf_mvs_takes<Q>(p, &UL, &S)) {
+    } else if (nt == 1 && gf_mvs_takes<Q>(p.n, p.ne, &UL, &S)) {
         typedef typename gf_mvs_of<Q>::G G;
         int S1 = gf_hand_slices(p, UL);
         if (S1 && gf_mvs_smem<G>(1, S1) <= 96 * 1024)   /* (where the stage fits) */
