@@ -547,113 +547,6 @@ struct gf_iq {
     }
 };
 
-/* ==== MoE routing: a token's experts from its router logits ====
- * The softmax of X logits, the U most probable experts (ties to the lower
- * index) in order, their probabilities renormalised (summed in double, the
- * sum at least 2^-14). gf_route_kernel routes a token a block; a one-token
- * decode's gate/up experts product routes the token in each of its blocks
- * instead (gf_mv.route), a kernel fewer on a MoE layer's chain. */
-#define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
-
-/* whether expert j (probability o) ranks above expert e (v): higher, or
- * as high and of a lower index */
-static __device__ __forceinline__ int gf_ranks_above(float o, int j, float v, int e)
-{
-    return o > v || (o == v && j < e);
-}
-
-/* The routing of logits x by every thread of the calling block, into sm
- * (X + 2U floats): the probabilities, then the U choices (ints) in order,
- * then their probabilities. Warp 0 alone forms the softmax (its sums in a
- * fixed order); then each thread ranks its experts among all X at once,
- * where picking the largest U times over took U rounds of warp reductions
- * in series. Ends at a barrier: the choices are the whole block's. */
-static __device__ void gf_route_block(const float *x, int X, int U, float *sm)
-{
-    float *pr = sm, *w = sm + X + U;
-    int tid = threadIdx.x, *ch = (int *)(sm + X);
-    if (tid < U)
-        ch[tid] = 0, w[tid] = 0.0f;   /* (what a NaN logit leaves unranked) */
-    if (tid < GPU_WARP) {
-        int lane = tid;
-        /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
-        for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
-            float v[GF_ACT_NV];
-#pragma unroll
-            for (int k = 0; k < GF_ACT_NV; k++)
-                v[k] = x[min(e0 + k * GPU_WARP, X - 1)];
-#pragma unroll
-            for (int k = 0; k < GF_ACT_NV; k++)
-                if (e0 + k * GPU_WARP < X)
-                    pr[e0 + k * GPU_WARP] = v[k];
-        }
-        float mx = -INFINITY;
-        for (int e = lane; e < X; e += GPU_WARP)   /* (each lane reads back what it wrote) */
-            mx = fmaxf(mx, pr[e]);
-        mx = warp_max(mx);
-        double s = 0;
-        for (int e = lane; e < X; e += GPU_WARP) {
-            pr[e] = expf(pr[e] - mx);
-            s += (double)pr[e];
-        }
-        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
-            s += gpu_shfl_xor(s, m);
-        float inv = (float)(1.0 / s);
-        for (int e = lane; e < X; e += GPU_WARP)
-            pr[e] *= inv;
-    }
-    __syncthreads();
-    /* each expert's rank among all X (ties to the lower index), four
-     * probabilities a load and sixteen loads in flight: one load at a
-     * time, each compare waiting on it, the loop was ~2 µs of the kernel
-     * on every MoE layer (BENCH.md, twenty-fifth pass) */
-    for (int e = tid; e < X; e += blockDim.x) {
-        float v = pr[e];
-        int r = 0, j = 0;
-#pragma unroll 4
-        for (; j + 4 <= X; j += 4) {
-            float4 o = *(const float4 *)(pr + j);
-            r += gf_ranks_above(o.x, j, v, e) + gf_ranks_above(o.y, j + 1, v, e) + gf_ranks_above(o.z, j + 2, v, e) +
-                 gf_ranks_above(o.w, j + 3, v, e);
-        }
-        for (; j < X; j++)
-            r += gf_ranks_above(pr[j], j, v, e);
-        if (r < U)
-            ch[r] = e, w[r] = v;
-    }
-    __syncthreads();
-}
-
-/* gf_route_block's choices in sm into sel (U) and their renormalised
- * probabilities into selw, by the block's first U threads */
-static __device__ void gf_route_out(const float *sm, int X, int U, int32_t *sel, float *selw)
-{
-    const int *ch = (const int *)(sm + X);
-    const float *w = sm + X + U;
-    int tid = threadIdx.x;
-    if (tid < U) {
-        double wsum = 0;
-        for (int k = 0; k < U; k++)
-            wsum += (double)w[k];
-        float ws = (float)wsum;
-        ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
-        sel[tid] = ch[tid], selw[tid] = w[tid] / ws;
-    }
-}
-
-/* A block a token: its routing into sel (T, U) and selw */
-#define GF_ROUTE_THREADS 128
-__global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
-                                                                    float *selw)
-{
-    GPU_TRACE(GT_ROUTE);
-    gf_pdl_begin();
-    extern __shared__ float4 route_sm[];   /* gf_route_smem */
-    int t = blockIdx.x;
-    gf_route_block(router + (size_t)t * X, X, U, (float *)route_sm);
-    gf_route_out((const float *)route_sm, X, U, sel + (size_t)t * U, selw + (size_t)t * U);
-}
-
 /* ==== the matrix-vector kernel ==== */
 
 /* y = W · a for groups of activation rows: group g (blockIdx.y) multiplies
@@ -703,16 +596,6 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
-    /* One token's experts routed by the product itself (route: its X =
-     * route_x router logits; gf_mvk_kernel, one-row groups of a stack, a
-     * group an expert): every block routes the token (gf_route_block) and
-     * takes its group's expert, and block (0, 0) writes the choices and
-     * weights into sel and selw for the products after it. ids stays set
-     * (nothing is read before the wait). */
-    const float *route;
-    int route_x;
-    int32_t *sel;
-    float *selw;
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -731,20 +614,6 @@ static __device__ __forceinline__ size_t gf_expert_block(const gf_mv &p, int g, 
 static __device__ __forceinline__ size_t gf_group_off(const gf_mv &p, int g)
 {
     return p.ids && !p.ne ? (size_t)p.ids[g] * p.estride : 0;
-}
-
-/* Group g's matrix within a part where the product routes the token
- * itself (gf_mv.route): every thread of the block, after the wait; the
- * routing in the block's dynamic shared memory (gf_route_smem) */
-static __device__ size_t gf_routed_off(const gf_mv &p, int g)
-{
-    extern __shared__ float4 gf_route_sm[];
-    float *sm = (float *)gf_route_sm;
-    int U = gridDim.y;   /* (a group an expert) */
-    gf_route_block(p.route, p.route_x, U, sm);
-    if (blockIdx.x == 0 && g == 0)
-        gf_route_out(sm, p.route_x, U, p.sel, p.selw);
-    return (size_t)((const int *)(sm + p.route_x))[g] * p.estride;
 }
 
 /* row r of a launch's rows: its matrix (the part) and its row in it */
@@ -1286,7 +1155,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
-    size_t eo = p.route ? gf_routed_off(p, g) : gf_group_off(p, g);
+    size_t eo = gf_group_off(p, g);
 #pragma unroll
     for (int k = 0; k < UL; k++) {
         uw[k] = 1.0f;
@@ -1940,6 +1809,7 @@ static __device__ double gf_block_sum(double v)
  * blocks go where gq_act_at's layout bt puts them (gf_act_bt). */
 #define GF_ACT_THREADS 256
 #define GF_ACT_CHUNK (4 * GF_ACT_THREADS)
+#define GF_ACT_NV 4   /* loads a thread has in flight at once (RMSNorm's sum, the router's logits) */
 
 /* Elements 4·i4.. of row `row` (v; ok: whether to store them) as f32 into
  * yf (unless NULL) and as int8 codes with their block's scale. The whole
@@ -2316,7 +2186,92 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     }
 }
 
-/* ==== MoE: the experts' weighted sum ==== */
+/* ==== MoE: routing, weighted sum ==== */
+
+/* whether expert j (probability o) ranks above expert e (v): higher, or
+ * as high and of a lower index */
+static __device__ __forceinline__ int gf_ranks_above(float o, int j, float v, int e)
+{
+    return o > v || (o == v && j < e);
+}
+
+/* A block per token: the softmax of its X router logits, the U most
+ * probable experts (ties to the lower index) into sel (T, U) in order,
+ * their probabilities renormalised (summed in double, the sum at least
+ * 2^-14) into selw. Warp 0 alone forms the softmax (its sums in a fixed
+ * order); then each thread ranks its experts among all X at once, where
+ * picking the largest U times over took U rounds of warp reductions in
+ * series. */
+#define GF_ROUTE_THREADS 128
+__global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
+                                                                    float *selw)
+{
+    GPU_TRACE(GT_ROUTE);
+    gf_pdl_begin();
+    extern __shared__ float4 route_sm[];   /* X probabilities, then U choices and U weights (16-aligned) */
+    float *pr = (float *)route_sm;
+    int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
+    float *w = pr + X + U;
+    if (tid < U)
+        ch[tid] = 0, w[tid] = 0.0f;   /* (what a NaN logit leaves unranked) */
+    if (tid < GPU_WARP) {
+        int lane = tid;
+        const float *x = router + (size_t)t * X;
+        /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
+        for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
+            float v[GF_ACT_NV];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                v[k] = x[min(e0 + k * GPU_WARP, X - 1)];
+#pragma unroll
+            for (int k = 0; k < GF_ACT_NV; k++)
+                if (e0 + k * GPU_WARP < X)
+                    pr[e0 + k * GPU_WARP] = v[k];
+        }
+        float mx = -INFINITY;
+        for (int e = lane; e < X; e += GPU_WARP)   /* (each lane reads back what it wrote) */
+            mx = fmaxf(mx, pr[e]);
+        mx = warp_max(mx);
+        double s = 0;
+        for (int e = lane; e < X; e += GPU_WARP) {
+            pr[e] = expf(pr[e] - mx);
+            s += (double)pr[e];
+        }
+        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+            s += gpu_shfl_xor(s, m);
+        float inv = (float)(1.0 / s);
+        for (int e = lane; e < X; e += GPU_WARP)
+            pr[e] *= inv;
+    }
+    __syncthreads();
+    /* each expert's rank among all X (ties to the lower index), four
+     * probabilities a load and sixteen loads in flight: one load at a
+     * time, each compare waiting on it, the loop was ~2 µs of the kernel
+     * on every MoE layer (BENCH.md, twenty-fifth pass) */
+    for (int e = tid; e < X; e += blockDim.x) {
+        float v = pr[e];
+        int r = 0, j = 0;
+#pragma unroll 4
+        for (; j + 4 <= X; j += 4) {
+            float4 o = *(const float4 *)(pr + j);
+            r += gf_ranks_above(o.x, j, v, e) + gf_ranks_above(o.y, j + 1, v, e) + gf_ranks_above(o.z, j + 2, v, e) +
+                 gf_ranks_above(o.w, j + 3, v, e);
+        }
+        for (; j < X; j++)
+            r += gf_ranks_above(pr[j], j, v, e);
+        if (r < U)
+            ch[r] = e, w[r] = v;
+    }
+    __syncthreads();
+    if (tid < U) {
+        double wsum = 0;
+        for (int k = 0; k < U; k++)
+            wsum += (double)w[k];
+        float ws = (float)wsum;
+        ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
+        sel[(size_t)t * U + tid] = ch[tid], selw[(size_t)t * U + tid] = w[tid] / ws;
+    }
+}
 
 /* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
 __global__ void gf_moe_sum_kernel(float *x, const float *eo, const float *selw, int D, int U)
@@ -2771,23 +2726,14 @@ static int gf_pdl_ok(void)
 }
 #endif
 
-static long gf_launches;   /* kernels launched (gpu_test_launches) */
-
 template <typename... P, typename... A>
 static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, A... args)
 {
-    __atomic_fetch_add(&gf_launches, 1, __ATOMIC_RELAXED);
 #ifdef GPU_CUDA
     (void)gpu_launch(k, grid, block, smem, s, gf_pdl_ok(), args...);   /* an error shows in gpuGetLastError */
 #else
     (void)gpu_launch(k, grid, block, smem, s, 0, args...);
 #endif
-}
-
-/* the shared memory of a block that routes X experts' logits to U (gf_route_block) */
-static int gf_route_smem(int X, int U)
-{
-    return (X + 2 * U) * (int)sizeof(float);
 }
 
 /* the device's SMs (0 if the query fails) */
@@ -2827,9 +2773,9 @@ static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    int total = p.end[p.parts - 1], smem = p.route ? gf_route_smem(p.route_x, groups) : 0;
-    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, smem, &per_sm[S], groups, total, rt);
-    gf_launch(gf_mvk_kernel<UL, NORM>, grid, threads, smem, s, p);
+    int total = p.end[p.parts - 1];
+    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], groups, total, rt);
+    gf_launch(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, p);
 }
 
 template <int UL>
@@ -3134,11 +3080,9 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
 
 /* Expert matrices: group i (of n_groups = T*U) multiplies expert sel[i] of
  * each stack w[k] by activation row i / a_div into y[k] + i*rows: the gate
- * and up stacks in one launch when they share type and shape. route: one
- * token's router logits, for a launch that routes it itself and writes
- * sel and selw (gf_route_folds), else NULL. */
+ * and up stacks in one launch when they share type and shape. */
 static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w,
-                             const float *af, int a_div, int n_groups, const float *route, char *err, size_t errlen)
+                             const float *af, int a_div, int n_groups, char *err, size_t errlen)
 {
     for (int i = 0; i < n_w;) {
         gf_mv p;
@@ -3146,8 +3090,6 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
         p.ldw = w[i]->ldw, p.estride = w[i]->stride, p.n = w[i]->n;
         p.ids = c->sel, p.aq = c->aq, p.ads = c->ads, p.af = af;
         p.a_div = a_div, p.a_g = 1, p.t_total = n_groups;
-        if (route)
-            p.route = route, p.route_x = c->g->hp.n_expert, p.sel = c->sel, p.selw = c->selw;
         int j = i;
         for (; j < n_w && j - i < GF_PARTS && w[j]->type == w[i]->type && w[j]->n == w[i]->n &&
                w[j]->ldw == w[i]->ldw && w[j]->stride == w[i]->stride && w[j]->rows == w[i]->rows; j++) {
@@ -3162,18 +3104,6 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
         i = j;
     }
     return 0;
-}
-
-/* Whether the gate/up experts of layer ly route a pass of T rows
- * themselves (gf_mv.route): one token of one sequence, both stacks Q4_K
- * in one gf_mvk_kernel launch (gf_matmul_experts) */
-static int gf_route_folds(const struct gpu_ctx *c, const struct gf_layer *ly, int T)
-{
-    const struct gf_mat *g = &ly->gate_exps, *u = &ly->up_exps;
-    int UL, S;
-    return T == 1 && !c->rows && g->type == QT_Q4_K && u->type == QT_Q4_K && g->n == u->n && g->ldw == u->ldw &&
-           g->stride == u->stride && g->rows == u->rows && gf_mvk_takes(QT_Q4_K, g->n, &UL, &S) &&
-           !gf_env("STRATA_GPU_NO_ROUTE_FOLD");
 }
 
 /* Decode: the experts' down products and their weighted sum added into x
@@ -3398,15 +3328,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         GF_LAUNCH_CHECK(err, errlen);
     } else if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
-    /* one token's gate/up experts in gf_mvk_kernel route it themselves
-     * (gf_mv.route; STRATA_GPU_NO_ROUTE_FOLD=1: the route kernel, for
-     * comparisons) */
-    const float *route = gf_route_folds(c, ly, T) ? c->router : NULL;
-    if (!route) {
-        gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, gf_route_smem(X, U), s, (const float *)c->router, X, U, c->sel,
-                  c->selw);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
+    gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, (size_t)(X + 2 * U) * sizeof(float), s, (const float *)c->router,
+              X, U, c->sel, c->selw);
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
@@ -3414,7 +3338,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     float *gu_y[2] = {c->gt, c->up};
     int rc = gf_experts_gemm(c, ly, T, err, errlen), summed = 0;
     if (rc > 0) {
-        if (gf_matmul_experts(c, gue, gu_y, 2, c->xn, U, T * U, route, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+        if (gf_matmul_experts(c, gue, gu_y, 2, c->xn, U, T * U, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
@@ -3423,7 +3347,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
         gf_hand_end(c);
         summed = rc == 0;
         if (rc > 0)
-            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, NULL, err, errlen);
+            rc = gf_matmul_experts(c, &dn, &c->eo, 1, c->gt, 1, T * U, err, errlen);
     }
     if (rc < 0)
         return -1;
@@ -3882,11 +3806,6 @@ void *gpu_test_alloc(size_t bytes)
 {
     void *p = NULL;
     return gpuMalloc(&p, bytes ? bytes : 16) == gpuSuccess ? p : NULL;
-}
-
-long gpu_test_launches(void)
-{
-    return __atomic_load_n(&gf_launches, __ATOMIC_RELAXED);
 }
 
 void gpu_test_free(void *p)
