@@ -1776,6 +1776,75 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     }
 #endif
 }
+
+/* ==== a prompt's MoE experts on tensor cores (CUDA sm_80+) ====
+ * A prompt chunk's (token, expert) pairs, sorted by expert
+ * (gf_moe_sort_kernel: expert e's are rows offs[e] .. offs[e+1] - 1 of the
+ * gathered activation, int8 blocks row after row), each against its
+ * expert's matrices, with gf_mvq_kernel's units: the weights as mma A
+ * operands straight from memory into registers, the rows' int8 activation
+ * as B. At 512 tokens an expert of 128 has ~32 rows; gpu_gemm's f16 tiles,
+ * decoded in shared memory for every 32 rows, ran the experts at ~36
+ * TFLOP/s (BENCH.md, sixth pass) where each weight's bytes are read once
+ * here for each 8·NB rows. Block (x, e): GF_MVX_WARPS warps, each a
+ * 16-row tile of expert e's rows (across the parts as gf_mv's: gate and
+ * up) walking all its units, the next unit's loads before this one's
+ * arithmetic and the first before the wait (the expert is the block's
+ * y, not a kernel's output); e's rows in tiles of 8·NB, each lane storing
+ * its own sums. No barrier: a warp past the rows leaves. */
+#define GF_MVX_WARPS 4
+
+template <class F, int NB>
+__global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_mv p, const int32_t *offs)
+{
+    GPU_TRACE(GT_MVX);
+#if __CUDA_ARCH__ >= 800
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
+    int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / F::COLS, ts = p.n / GF_AB;
+    int r0 = (blockIdx.x * GF_MVX_WARPS + warp) * 16;
+    const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
+    int pt[2], rr[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        pt[j] = gf_mv_part(p, min(r0 + gq + 8 * j, total - 1), &rr[j]);
+        w[j] = p.w[pt[j]] + (size_t)e * p.estride + (size_t)rr[j] * p.ldw;
+    }
+    F f[2];
+    if (r0 < total)
+        gf_mvq_fetch(w, 0, c, f);
+    gf_pdl_begin();
+    int a0 = offs[e], m = offs[e + 1] - a0;
+    if (r0 >= total)
+        return;
+    for (int t0 = 0; t0 < m; t0 += 8 * NB) {
+        gf_mv q = p;   /* the tile's rows */
+        q.aq = p.aq + (size_t)(a0 + t0) * p.n, q.ads = p.ads + (size_t)(a0 + t0) * ts, q.t_total = min(m - t0, 8 * NB);
+        float acc[NB][4];
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[b][i] = 0.0f;
+        /* the next unit's loads, unit 0 after the last (the next tile's,
+         * or one unused fetch: no branch around the loads) */
+        for (int sb = 0; sb < nsb; sb++) {
+            F nf[2];
+            gf_mvq_fetch(w, sb + 1 < nsb ? sb + 1 : 0, c, nf);
+            gf_mvq_unit<F, NB, 0>(q, f, sb, ts, 1, gq, c, acc);
+            f[0] = nf[0], f[1] = nf[1];
+        }
+        /* acc[b][i]: row gq + 8·(i/2), row t of the tile 8b + 2c + i%2 */
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int t = 8 * b + 2 * c + i % 2, j = i / 2;
+                if (t < q.t_total && r0 + gq + 8 * j < total)
+                    *gf_mv_at(p, pt[j], 0, a0 + t0 + t, rr[j]) = acc[b][i];
+            }
+    }
+#endif
+}
 #endif
 
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
@@ -2916,17 +2985,24 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     }
 }
 
-/* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
-static int gf_mvq_takes(int type, int n, int T)
+/* whether a matrix of this type and width has gf_mvq_kernel's units (and
+ * the device the tensor cores they need) */
+static int gf_mvq_units(int type, int n)
 {
 #ifdef GPU_CUDA
     int arch = 0, sms = 0;
-    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && T > 1 && T <= GF_MMA_T &&
-           !gf_env("STRATA_GPU_MV_OLD") && gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
+    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && !gf_env("STRATA_GPU_MV_OLD") &&
+           gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
 #else
-    (void)type, (void)n, (void)T;   /* no tensor-core kernel in a HIP build */
+    (void)type, (void)n;   /* no tensor-core kernel in a HIP build */
     return 0;
 #endif
+}
+
+/* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
+static int gf_mvq_takes(int type, int n, int T)
+{
+    return T > 1 && T <= GF_MMA_T && gf_mvq_units(type, n);
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
@@ -3106,6 +3182,63 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
     return 0;
 }
 
+#ifdef GPU_CUDA
+/* gf_mvx_kernel's token tiles for an average of avg rows an expert: 8·NB
+ * rows, 16 where most experts have fewer, else 32 (64 held more registers
+ * than a thread has, 255, and spilled) */
+template <class F>
+static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *offs, gpuStream_t s)
+{
+    int threads = GF_MVX_WARPS * GPU_WARP;
+    if (avg <= 8)
+        gf_launch(gf_mvx_kernel<F, 2>, grid, threads, 0, s, p, offs);
+    else
+        gf_launch(gf_mvx_kernel<F, 4>, grid, threads, 0, s, p, offs);
+}
+#endif
+
+/* Whether a prompt's experts of layer ly take gf_mvx_kernel: every stack in
+ * a format with gf_mvq_kernel's units (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
+ * products, for comparisons) */
+static int gf_mvx_takes(const struct gf_layer *ly)
+{
+    return gf_mvq_units(ly->gate_exps.type, ly->gate_exps.n) && gf_mvq_units(ly->up_exps.type, ly->up_exps.n) &&
+           gf_mvq_units(ly->down_exps.type, ly->down_exps.n) && !gf_env("STRATA_GPU_MOE_GEMM");
+}
+
+/* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
+ * each expert's rows of the int8 activation (c->aq, c->ads, rows in turn)
+ * against that expert of each stack w[k] (one type and width) into y[k],
+ * ldy a row, the stacks in one launch (gf_mvx_kernel) */
+static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
+                  char *err, size_t errlen)
+{
+    gf_mv p;
+    memset(&p, 0, sizeof p);
+    p.ldw = w[0]->ldw, p.estride = w[0]->stride, p.n = w[0]->n, p.aq = c->aq, p.ads = c->ads, p.parts = n_w;
+    for (int k = 0; k < GF_PARTS; k++) {
+        p.end[k] = (k ? p.end[k - 1] : 0) + (k < n_w ? w[k]->rows : 0);
+        if (k < n_w)
+            p.w[k] = w[k]->d, p.y[k] = y[k], p.y_t[k] = ldy;
+    }
+#ifdef GPU_CUDA
+    int X = c->g->hp.n_expert, avg = (n + X - 1) / X;
+    dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
+    const int32_t *offs = c->offs;
+    if (w[0]->type == QT_Q4_K)
+        gf_mvx_launch<gf_mvq_q4_K>(p, grid, avg, offs, c->stream);
+    else if (w[0]->type == QT_Q6_K)
+        gf_mvx_launch<gf_mvq_q6_K>(p, grid, avg, offs, c->stream);
+    else
+        gf_mvx_launch<gf_mvq_q8_0>(p, grid, avg, offs, c->stream);
+    GF_LAUNCH_CHECK(err, errlen);
+    return 0;
+#else
+    (void)n;   /* (gf_mvx_takes: never in a HIP build) */
+    return strata_errf(err, errlen, "GPU: no tensor-core experts' kernel in this build");
+#endif
+}
+
 /* Decode: the experts' down products and their weighted sum added into x
  * in one launch, the T tokens' U experts side by side (gf_mv's ne); 1 for
  * prompts (the caller runs them one by one, then gf_moe_sum_kernel). */
@@ -3197,18 +3330,30 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     gf_launch(gf_rows_kernel, n, 256, 0, s, c->xs, (const float *)c->xn, (const int32_t *)c->order, U, D, 0);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_SORT);
-    /* (a failure: as gf_matmul_n, the matrix-vector kernels from now on; they redo it all) */
-    if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
-                         c->gemm_scratch, s, err, errlen) ||
-        gpu_gemm_experts(uw->type, uw->d, uw->ldw, uw->stride, D, Fe, c->xs, n, c->offs, X, c->up, Fe,
-                         c->gemm_scratch, s, err, errlen))
+    /* on tensor cores from the weights' blocks (the sorted rows' int8 blocks
+     * first), else gpu_gemm's; a failure of gpu_gemm: as gf_matmul_n, the
+     * matrix-vector kernels from now on (they redo it all) */
+    const struct gf_mat *gu[2] = {gw, uw};
+    float *gu_y[2] = {c->gt, c->up};
+    int mvx = gf_mvx_takes(ly);
+    if (mvx) {
+        if (gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, 0, NULL, c->aq, c->ads, err, errlen) ||
+            gf_mvx(c, gu, gu_y, 2, Fe, n, err, errlen))
+            return -1;
+    } else if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
+                                c->gemm_scratch, s, err, errlen) ||
+               gpu_gemm_experts(uw->type, uw->d, uw->ldw, uw->stride, D, Fe, c->xs, n, c->offs, X, c->up, Fe,
+                                c->gemm_scratch, s, err, errlen))
         return c->gemm_ok = 0, 1;
     gf_mark(c, GF_ST_GATE_UP);
     if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, 0, c->gt, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
-    if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,
-                         c->gemm_scratch, s, err, errlen))
+    if (mvx) {
+        if (gf_mvx(c, &dw, &c->xs, 1, D, n, err, errlen))
+            return -1;
+    } else if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,
+                                c->gemm_scratch, s, err, errlen))
         return c->gemm_ok = 0, 1;
     gf_launch(gf_rows_kernel, n, 256, 0, s, c->eo, (const float *)c->xs, (const int32_t *)c->order, 1, D, 1);
     GF_LAUNCH_CHECK(err, errlen);
@@ -3454,7 +3599,7 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
 static const char *gf_trace_name(const gf_trace_grid *g)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
-                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope"};
+                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx"};
     return g->tag < GT_N ? names[g->tag] : "?";
 }
 

@@ -602,6 +602,8 @@ static void tg_testdata(const char *file)
  * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
  * SMs) or the staged one (2304); the Q8_0 gate/up stacks at 2304 take
  * gf_mvs_kernel. Returns its path, or NULL. */
+static void tg_same_or_not(const char *label, const char *path, const char *env, int same, int np);
+
 static const char *tg_moe_model(const char *type, const char *n_embd)
 {
     static char path[64];
@@ -615,19 +617,30 @@ static const char *tg_moe_model(const char *type, const char *n_embd)
     if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
         return NULL;
     tg_random_model(label, path, 48);
+    /* the prompt's experts through gpu_gemm rather than gf_mvx_kernel: as
+     * close to the CPU, and another path (every decode logit after a
+     * 24-token prompt differs) */
+    char gemm[96];
+    snprintf(gemm, sizeof gemm, "%s, STRATA_GPU_MOE_GEMM=1", label);
+    setenv("STRATA_GPU_MOE_GEMM", "1", 1);
+    tg_random_model(gemm, path, 48);
+    unsetenv("STRATA_GPU_MOE_GEMM");
+    tg_same_or_not(label, path, "STRATA_GPU_MOE_GEMM", 0, 24);
     return path;
 }
 
-/* Decode logits on fresh contexts with and without the switch env: equal
- * bit for bit where the switch's path must compute the same sums in the
- * same order (same), else not equal (the path ran: its sums differ in
- * rounding; each path's distance from the CPU is tg_random_model's check). */
-static void tg_same_or_not(const char *label, const char *path, const char *env, int same)
+/* Decode logits on fresh contexts, after a prompt of np tokens, with and
+ * without the switch env: equal bit for bit where the switch's path must
+ * compute the same sums in the same order (same), else not equal (the path
+ * ran: its sums differ in rounding; each path's distance from the CPU is
+ * tg_random_model's check). */
+static void tg_same_or_not(const char *label, const char *path, const char *env, int same, int np)
 {
     char err[256];
     struct model *m = NULL;
     struct tg_gpu t = {0};
-    enum { N = 40, NP = 8 };
+    enum { N = 40 };
+    int NP = np, chunk = np > 16 ? np : 16;
     if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
         return;
     int V = model_hp(m)->n_vocab;
@@ -636,10 +649,10 @@ static void tg_same_or_not(const char *label, const char *path, const char *env,
     for (int i = 0; i < N; i++)
         ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
     float *a = malloc(sizeof(float) * N * V), *b = malloc(sizeof(float) * N * V);
-    int rc = tg_gpu_open(&t, m, KV_CELL_F16, 64, 16) || tg_gpu_run(&t, ids, N, NP, a, V);
+    int rc = tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, NP, a, V);
     tg_gpu_close(&t);
     setenv(env, "1", 1);
-    rc = rc || tg_gpu_open(&t, m, KV_CELL_F16, 64, 16) || tg_gpu_run(&t, ids, N, NP, b, V);
+    rc = rc || tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, NP, b, V);
     unsetenv(env);
     if (!rc) {
         int differ = 0, nonfinite = 0;
@@ -661,7 +674,7 @@ static void tg_same_or_not(const char *label, const char *path, const char *env,
 
 static void tg_same(const char *label, const char *path, const char *env)
 {
-    tg_same_or_not(label, path, env, 1);
+    tg_same_or_not(label, path, env, 1, 8);
 }
 
 static void tg_moe(void)
@@ -939,7 +952,7 @@ static void tg_handoff(void)
         tg_random_model(label, path, 8);
         unsetenv("STRATA_GPU_NO_HANDOFF");
         snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
-        tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0);
+        tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
         remove(path);
     }
 }
