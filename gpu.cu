@@ -1780,7 +1780,10 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
 /* ==== a prompt's MoE experts on tensor cores (CUDA sm_80+) ====
  * A prompt chunk's (token, expert) pairs, sorted by expert
  * (gf_moe_sort_kernel: expert e's are rows offs[e] .. offs[e+1] - 1 of the
- * gathered activation, int8 blocks row after row), each against its
+ * gathered activation, its int8 blocks in gq_act_at's layout of bt = all
+ * the rows side by side, so that a tile's rows of a block are one run:
+ * rows in turn cost 8 L1 wavefronts for a warp's B operand where this
+ * costs 2, and made the kernel 17% slower than gpu_gemm's), each against its
  * expert's matrices, with gf_mvq_kernel's units: the weights as mma A
  * operands straight from memory into registers, the rows' int8 activation
  * as B. At 512 tokens an expert of 128 has ~32 rows; gpu_gemm's f16 tiles,
@@ -1800,7 +1803,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
     GPU_TRACE(GT_MVX);
 #if __CUDA_ARCH__ >= 800
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
-    int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / F::COLS, ts = p.n / GF_AB;
+    int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / F::COLS;
     int r0 = (blockIdx.x * GF_MVX_WARPS + warp) * 16;
     const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
     int pt[2], rr[2];
@@ -1818,7 +1821,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         return;
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
         gf_mv q = p;   /* the tile's rows */
-        q.aq = p.aq + (size_t)(a0 + t0) * p.n, q.ads = p.ads + (size_t)(a0 + t0) * ts, q.t_total = min(m - t0, 8 * NB);
+        q.aq = p.aq + (size_t)GF_AB * (a0 + t0), q.ads = p.ads + (a0 + t0), q.t_total = min(m - t0, 8 * NB);
         float acc[NB][4];
 #pragma unroll
         for (int b = 0; b < NB; b++)
@@ -1830,7 +1833,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         for (int sb = 0; sb < nsb; sb++) {
             F nf[2];
             gf_mvq_fetch(w, sb + 1 < nsb ? sb + 1 : 0, c, nf);
-            gf_mvq_unit<F, NB, 0>(q, f, sb, ts, 1, gq, c, acc);
+            gf_mvq_unit<F, NB, 1>(q, f, sb, 1, p.bt, gq, c, acc);
             f[0] = nf[0], f[1] = nf[1];
         }
         /* acc[b][i]: row gq + 8·(i/2), row t of the tile 8b + 2c + i%2 */
@@ -3207,7 +3210,8 @@ static int gf_mvx_takes(const struct gf_layer *ly)
 }
 
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
- * each expert's rows of the int8 activation (c->aq, c->ads, rows in turn)
+ * each expert's rows of the int8 activation (c->aq, c->ads, gq_act_at's
+ * layout of bt = n)
  * against that expert of each stack w[k] (one type and width) into y[k],
  * ldy a row, the stacks in one launch (gf_mvx_kernel) */
 static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
@@ -3215,7 +3219,8 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
 {
     gf_mv p;
     memset(&p, 0, sizeof p);
-    p.ldw = w[0]->ldw, p.estride = w[0]->stride, p.n = w[0]->n, p.aq = c->aq, p.ads = c->ads, p.parts = n_w;
+    p.ldw = w[0]->ldw, p.estride = w[0]->stride, p.n = w[0]->n, p.aq = c->aq, p.ads = c->ads, p.bt = n;
+    p.parts = n_w;
     for (int k = 0; k < GF_PARTS; k++) {
         p.end[k] = (k ? p.end[k - 1] : 0) + (k < n_w ? w[k]->rows : 0);
         if (k < n_w)
@@ -3337,7 +3342,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     float *gu_y[2] = {c->gt, c->up};
     int mvx = gf_mvx_takes(ly);
     if (mvx) {
-        if (gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, 0, NULL, c->aq, c->ads, err, errlen) ||
+        if (gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err, errlen) ||
             gf_mvx(c, gu, gu_y, 2, Fe, n, err, errlen))
             return -1;
     } else if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
@@ -3346,7 +3351,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
                                 c->gemm_scratch, s, err, errlen))
         return c->gemm_ok = 0, 1;
     gf_mark(c, GF_ST_GATE_UP);
-    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, 0, c->gt, c->aq, c->ads, err, errlen))
+    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, mvx ? n : 0, c->gt, c->aq, c->ads, err, errlen))
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
     if (mvx) {
