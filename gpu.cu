@@ -3200,13 +3200,19 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
 }
 #endif
 
-/* Whether a prompt's experts of layer ly take gf_mvx_kernel: every stack in
- * a format with gf_mvq_kernel's units (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
- * products, for comparisons) */
-static int gf_mvx_takes(const struct gf_layer *ly)
+/* Whether the n pairs of a prompt's experts of layer ly (X experts) take
+ * gf_mvx_kernel: every stack in a format with gf_mvq_kernel's units, at
+ * most GF_MVX_AVG rows an expert on average (STRATA_GPU_MOE_GEMM=1:
+ * gpu_gemm's products, for comparisons). Each tile of 32 rows reads the
+ * expert's weights again, where gpu_gemm's f16 tiles pay off with more
+ * rows: on the H200's 30B-A3B, 16 and 32 rows an expert (256- and
+ * 512-token chunks) 1.33 and 1.19 times gpu_gemm's speed, 64 and 128 0.87
+ * and 0.66 times (BENCH.md, twenty-ninth pass). */
+#define GF_MVX_AVG 32
+static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     return gf_mvq_units(ly->gate_exps.type, ly->gate_exps.n) && gf_mvq_units(ly->up_exps.type, ly->up_exps.n) &&
-           gf_mvq_units(ly->down_exps.type, ly->down_exps.n) && !gf_env("STRATA_GPU_MOE_GEMM");
+           gf_mvq_units(ly->down_exps.type, ly->down_exps.n) && n <= GF_MVX_AVG * X && !gf_env("STRATA_GPU_MOE_GEMM");
 }
 
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
@@ -3340,7 +3346,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
      * matrix-vector kernels from now on (they redo it all) */
     const struct gf_mat *gu[2] = {gw, uw};
     float *gu_y[2] = {c->gt, c->up};
-    int mvx = gf_mvx_takes(ly);
+    int mvx = gf_mvx_takes(ly, n, X);
     if (mvx) {
         if (gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err, errlen) ||
             gf_mvx(c, gu, gu_y, 2, Fe, n, err, errlen))
