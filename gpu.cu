@@ -1778,23 +1778,23 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
 }
 
 /* ==== a prompt's MoE experts on tensor cores (CUDA sm_80+) ====
- * A prompt chunk's (token, expert) pairs, sorted by expert
+ * A prompt chunk's (token, expert) pairs sorted by expert
  * (gf_moe_sort_kernel: expert e's are rows offs[e] .. offs[e+1] - 1 of the
- * gathered activation, its int8 blocks in gq_act_at's layout of bt = all
- * the rows side by side, so that a tile's rows of a block are one run:
- * rows in turn cost 8 L1 wavefronts for a warp's B operand where this
- * costs 2, and made the kernel 17% slower than gpu_gemm's), each against its
- * expert's matrices, with gf_mvq_kernel's units: the weights as mma A
- * operands straight from memory into registers, the rows' int8 activation
- * as B. At 512 tokens an expert of 128 has ~32 rows; gpu_gemm's f16 tiles,
- * decoded in shared memory for every 32 rows, ran the experts at ~36
- * TFLOP/s (BENCH.md, sixth pass) where each weight's bytes are read once
- * here for each 8·NB rows. Block (x, e): GF_MVX_WARPS warps, each a
- * 16-row tile of expert e's rows (across the parts as gf_mv's: gate and
+ * gathered activation), each against its expert's matrices with
+ * gf_mvq_kernel's units: the weights as mma A operands straight from
+ * memory into registers, the rows' int8 activation as B. gpu_gemm decodes
+ * each weight tile to f16 in shared memory for every 32 rows, which at
+ * ~32 rows an expert (512 tokens, 128 experts) ran the experts at ~36
+ * TFLOP/s (BENCH.md, sixth pass). Block (x, e): GF_MVX_WARPS warps, each
+ * a 16-row tile of expert e's rows (across the parts as gf_mv's: gate and
  * up) walking all its units, the next unit's loads before this one's
- * arithmetic and the first before the wait (the expert is the block's
- * y, not a kernel's output); e's rows in tiles of 8·NB, each lane storing
- * its own sums. No barrier: a warp past the rows leaves. */
+ * arithmetic and the first before the wait (the expert is the block's y,
+ * no kernel's output); e's rows in tiles of 8·NB, each lane storing its
+ * own sums; no barrier, so a warp past the rows leaves. The activation's
+ * blocks lie in gq_act_at's layout of bt = all the rows side by side, so
+ * that a warp's B operand (8 rows of a block) is one run of 256 bytes:
+ * rows in turn cost 8 L1 wavefronts an operand instead of 2, and a
+ * 512-token prompt 30% of its speed (BENCH.md, twenty-ninth pass). */
 #define GF_MVX_WARPS 4
 
 template <class F, int NB>
@@ -3216,10 +3216,9 @@ static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 }
 
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
- * each expert's rows of the int8 activation (c->aq, c->ads, gq_act_at's
- * layout of bt = n)
- * against that expert of each stack w[k] (one type and width) into y[k],
- * ldy a row, the stacks in one launch (gf_mvx_kernel) */
+ * each expert's rows of the int8 activation (c->aq, c->ads; gq_act_at's
+ * layout of bt = n) against that expert of each stack w[k] (one type and
+ * width) into y[k], ldy a row, the stacks in one launch (gf_mvx_kernel) */
 static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
                   char *err, size_t errlen)
 {
