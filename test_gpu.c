@@ -597,13 +597,61 @@ static void tg_testdata(const char *file)
     tg_random_model(label, path, 48);
 }
 
+/* Decode logits on fresh contexts, after a prompt of np tokens, with and
+ * without the switch env: equal bit for bit where the switch's path must
+ * compute the same sums in the same order (same), else not equal (the path
+ * ran: its sums differ in rounding; each path's distance from the CPU is
+ * tg_random_model's check). */
+static void tg_same_or_not(const char *label, const char *path, const char *env, int same, int np)
+{
+    char err[256];
+    struct model *m = NULL;
+    struct tg_gpu t = {0};
+    enum { N = 40 };
+    int chunk = np > 16 ? np : 16;
+    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
+        return;
+    int V = model_hp(m)->n_vocab;
+    int32_t ids[N];
+    unsigned seed = 11;
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
+    float *a = malloc(sizeof(float) * N * V), *b = malloc(sizeof(float) * N * V);
+    int rc = tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, np, a, V);
+    tg_gpu_close(&t);
+    setenv(env, "1", 1);
+    rc = rc || tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, np, b, V);
+    unsetenv(env);
+    if (!rc) {
+        int differ = 0, nonfinite = 0;
+        double worst = 0;
+        for (size_t i = (size_t)np * V; i < (size_t)N * V; i++) {
+            differ += a[i] != b[i];
+            nonfinite += !isfinite(a[i]);
+            worst = fmax(worst, fabs((double)a[i] - b[i]));
+        }
+        printf("  %s: decode logits against %s=1: %d of %d differ (max |d| %.3g)\n", label, env, differ,
+               (N - np) * V, worst);
+        CHECK(nonfinite == 0, "%d not finite", nonfinite);
+        CHECK(same ? differ == 0 : differ > 0, "%d differ", differ);
+    }
+    tg_gpu_close(&t);
+    free(a), free(b);
+    model_free(m);
+}
+
+static void tg_same(const char *label, const char *path, const char *env)
+{
+    tg_same_or_not(label, path, env, 1, 8);
+}
+
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
  * n_embd wide: the decode step's experts side by side take the Q4_K kernel
  * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
  * SMs) or the staged one (2304); the Q8_0 gate/up stacks at 2304 take
- * gf_mvs_kernel. Returns its path, or NULL. */
-static void tg_same_or_not(const char *label, const char *path, const char *env, int same, int np);
-
+ * gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
+ * Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
+ * its path, or NULL. */
 static const char *tg_moe_model(const char *type, const char *n_embd)
 {
     static char path[64];
@@ -629,54 +677,6 @@ static const char *tg_moe_model(const char *type, const char *n_embd)
         tg_same_or_not(label, path, "STRATA_GPU_MOE_GEMM", 0, 24);
     }
     return path;
-}
-
-/* Decode logits on fresh contexts, after a prompt of np tokens, with and
- * without the switch env: equal bit for bit where the switch's path must
- * compute the same sums in the same order (same), else not equal (the path
- * ran: its sums differ in rounding; each path's distance from the CPU is
- * tg_random_model's check). */
-static void tg_same_or_not(const char *label, const char *path, const char *env, int same, int np)
-{
-    char err[256];
-    struct model *m = NULL;
-    struct tg_gpu t = {0};
-    enum { N = 40 };
-    int NP = np, chunk = np > 16 ? np : 16;
-    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err))
-        return;
-    int V = model_hp(m)->n_vocab;
-    int32_t ids[N];
-    unsigned seed = 11;
-    for (int i = 0; i < N; i++)
-        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
-    float *a = malloc(sizeof(float) * N * V), *b = malloc(sizeof(float) * N * V);
-    int rc = tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, NP, a, V);
-    tg_gpu_close(&t);
-    setenv(env, "1", 1);
-    rc = rc || tg_gpu_open(&t, m, KV_CELL_F16, 64, chunk) || tg_gpu_run(&t, ids, N, NP, b, V);
-    unsetenv(env);
-    if (!rc) {
-        int differ = 0, nonfinite = 0;
-        double worst = 0;
-        for (size_t i = (size_t)NP * V; i < (size_t)N * V; i++) {
-            differ += a[i] != b[i];
-            nonfinite += !isfinite(a[i]);
-            worst = fmax(worst, fabs((double)a[i] - b[i]));
-        }
-        printf("  %s: decode logits against %s=1: %d of %d differ (max |d| %.3g)\n", label, env, differ,
-               (N - NP) * V, worst);
-        CHECK(nonfinite == 0, "%d not finite", nonfinite);
-        CHECK(same ? differ == 0 : differ > 0, "%d differ", differ);
-    }
-    tg_gpu_close(&t);
-    free(a), free(b);
-    model_free(m);
-}
-
-static void tg_same(const char *label, const char *path, const char *env)
-{
-    tg_same_or_not(label, path, env, 1, 8);
 }
 
 static void tg_moe(void)
