@@ -4021,6 +4021,51 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     return rc;
 }
 
+int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X, const float *x, const int32_t *offs,
+                     float *y, char *err, size_t errlen)
+{
+    if (!gf_mvq_units(type, n)) {
+        strata_errf(err, errlen, "no experts' kernel for %s n=%d here", gguf_type_name(type), n);
+        return 1;
+    }
+    int P = offs[X];
+    struct gpu_model g;
+    struct gpu_ctx c;
+    memset(&g, 0, sizeof g);
+    memset(&c, 0, sizeof c);
+    g.hp.n_expert = X, c.g = &g;
+    uint8_t *dw = NULL;
+    float *dx = NULL, *dy = NULL;
+    int rc = gf_alloc((void **)&dw, ldw * rows * X, err, errlen) || gf_alloc((void **)&dx, (size_t)P * n * 4, err, errlen) ||
+             gf_alloc((void **)&dy, (size_t)P * rows * 4, err, errlen) ||
+             gf_alloc((void **)&c.offs, (size_t)(X + 1) * sizeof(int32_t), err, errlen) ||
+             gf_alloc((void **)&c.aq, (size_t)P * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)P * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+    if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
+        rc = strata_errf(err, errlen, "gpuStreamCreate failed");
+    if (!rc && (gpuMemcpy(dw, w, ldw * rows * X, gpuMemcpyHostToDevice) != gpuSuccess ||
+                gpuMemcpy(dx, x, (size_t)P * n * 4, gpuMemcpyHostToDevice) != gpuSuccess ||
+                gpuMemcpy(c.offs, offs, (size_t)(X + 1) * sizeof(int32_t), gpuMemcpyHostToDevice) != gpuSuccess ||
+                gpuMemset(dy, 0xff, (size_t)P * rows * 4) != gpuSuccess))
+        rc = strata_errf(err, errlen, "copy to the device failed");
+    if (!rc) {
+        struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
+        const struct gf_mat *mp = &m;
+        rc = gf_act(c.stream, GF_ACT_PLAIN, dx, NULL, NULL, 0, n, P, P, NULL, c.aq, c.ads, err, errlen) ||
+             gf_mvx(&c, &mp, &dy, 1, (size_t)rows, P, err, errlen);
+        gpuError_t e = gpuStreamSynchronize(c.stream);
+        if (!rc && e != gpuSuccess)
+            rc = strata_errf(err, errlen, "experts: %s", gpuGetErrorString(e));
+        if (!rc && gpuMemcpy(y, dy, (size_t)P * rows * 4, gpuMemcpyDeviceToHost) != gpuSuccess)
+            rc = strata_errf(err, errlen, "copy from the device failed");
+    }
+    if (c.stream)
+        gpuStreamDestroy(c.stream);
+    gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.offs), gpu_test_free(c.aq);
+    gpu_test_free(c.ads);
+    return rc;
+}
+
 /* holds the GPU for about `cycles` clocks, so that everything queued after
  * it runs back to back (timings without launch gaps) */
 __global__ void gf_spin_kernel(long long cycles)

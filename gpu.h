@@ -168,6 +168,13 @@ int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host);
 enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU, GPU_TEST_ROWS = 8 };
 int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
                     const float *b, float *y, char *err, size_t errlen);
+/* y (P, rows) = a prompt's experts as the pass runs them in gf_mvx_kernel:
+ * the activation rows offs[e] .. offs[e+1] - 1 of x (P = offs[X] rows, n
+ * wide, quantised on the device) against matrix e of w (host: X matrices
+ * of `rows` rows, ldw bytes each, one after another). Host buffers. 1 (err
+ * says why) where the kernel does not take the type or the device. */
+int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X, const float *x, const int32_t *offs,
+                     float *y, char *err, size_t errlen);
 /* Microseconds per product of `rows` rows of n columns of a quantised type
  * (hashed bytes) with T activation rows (1: a decode step; up to 16: a
  * batch step), as the pass runs it (the activation quantised too): the

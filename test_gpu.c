@@ -24,13 +24,101 @@
 
 /* ---- matrix-vector kernels ---- */
 
-/* Each output against the FP64 dot of the dequantised weights with the f32
- * activation (x, or RMSNorm(x)·gw or silu(x)·u as the pass forms them). The
- * GPU quantises the activation per 32 values with d = amax/127 stored as
- * f16, so an element moves by at most d/2 + 127·d·2^-11
- * < 0.57·amax/127; the bound is that times Σ|w| per block, plus 1e-5·Σ|w·x|
- * for f32 summation. quant.c's dot (its own activation type: Q8_K blocks of
- * 256 for K-quants, Q8_0/Q8_1 otherwise) is held to the sum of both bounds. */
+/* The errors of a matrix-vector test's outputs, gathered by tg_check_dot */
+struct tg_err {
+    double worst, worst_cpu, rms;
+    int n, bad, nonfinite;
+};
+
+/* Output g of weight row wq (type, dequantised wr) against activation xt
+ * (N wide; aq: xt in quant.c's activation type for qt->dot), into e: the
+ * FP64 dot of the dequantised weights with the f32 activation (x, or
+ * RMSNorm(x)·gw or silu(x)·u as the pass forms them). The GPU quantises the
+ * activation per 32 values with d = amax/127 stored as f16, so an element
+ * moves by at most d/2 + 127·d·2^-11 < 0.57·amax/127; the bound is that
+ * times Σ|w| per block, plus 1e-5·Σ|w·x| for f32 summation. quant.c's dot
+ * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
+ * otherwise) is held to the sum of both bounds. */
+static void tg_check_dot(const struct quant_type *qt, int type, const uint8_t *wq, const float *wr, const float *xt,
+                         const void *aq, int N, float g, struct tg_err *e)
+{
+    double ref = 0, mag = 0, bound = 0, bound_cpu = 0;
+    for (int b = 0; b < N / 32; b++) {
+        double amax = 0, amax256 = 0, sw = 0;
+        for (int i = 32 * b; i < 32 * b + 32; i++) {
+            ref += (double)wr[i] * xt[i];
+            mag += fabs((double)wr[i] * xt[i]);
+            amax = fmax(amax, fabs(xt[i]));
+            sw += fabs(wr[i]);
+        }
+        for (int i = 256 * (b / 8); i < 256 * (b / 8) + 256 && i < N; i++)
+            amax256 = fmax(amax256, fabs(xt[i]));
+        if (!qt->dot_type || qt->blck == 1)
+            continue;
+        bound += sw * 0.57 * amax / 127;
+        bound_cpu += sw * 0.57 * (qt->blck == 256 ? amax256 : amax) / 127;
+    }
+    bound += 1e-5 * mag + 1e-30;
+    /* quant.c's float dots round the activation to the weight's type */
+    bound_cpu += (type == QT_F16 ? 4.9e-4 : type == QT_BF16 ? 3.9e-3 : 1e-5) * mag;
+    float cpu;
+    qt->dot(N, &cpu, wq, aq);
+    e->n++;
+    if (!isfinite(g)) {
+        e->nonfinite++;
+        return;
+    }
+    double d = fabs(g - ref);
+    e->rms += d * d / (mag * mag + 1e-30);
+    e->worst = fmax(e->worst, d / bound);
+    e->worst_cpu = fmax(e->worst_cpu, fabs(g - cpu) / (bound + bound_cpu));
+    e->bad += d > bound || fabs(g - cpu) > bound + bound_cpu;
+}
+
+/* tg_err's line and checks for one run */
+static void tg_err_report(const struct quant_type *qt, int N, int T, const char *what, const struct tg_err *e)
+{
+    printf("  %-5s n=%-5d T=%-2d %-6s max err/bound vs FP64 %.3f, vs quant.c %.3f; RMS err/sum|wx| %.2e\n", qt->name,
+           N, T, what, e->worst, e->worst_cpu, sqrt(e->rms / (e->n ? e->n : 1)));
+    CHECK(e->nonfinite == 0, "%s T=%d %s: %d outputs not finite (unwritten rows stay NaN)", qt->name, T, what,
+          e->nonfinite);
+    CHECK(e->bad == 0, "%s T=%d %s: %d outputs past the bound (worst %.3f of it)", qt->name, T, what, e->bad,
+          fmax(e->worst, e->worst_cpu));
+}
+
+/* A prompt's MoE experts (gf_mvx_kernel) against the same reference: X
+ * experts whose row r is the matrix's row (r + 7e) % ROWS, over the sorted
+ * activation rows offs[e] .. offs[e+1] - 1 of x (N wide) */
+static void tg_experts_run(const struct quant_type *qt, int type, const uint8_t *w, const float *wf, size_t ldw, int N,
+                           int ROWS, int X, const int32_t *offs, const float *x, void *aq, const char *what)
+{
+    const struct quant_type *at = quant_type(qt->dot_type);
+    int P = offs[X];
+    uint8_t *we = malloc(ldw * ROWS * X);
+    float *y = malloc(sizeof(float) * ROWS * P);
+    for (int e = 0; e < X; e++)
+        for (int r = 0; r < ROWS; r++)
+            memcpy(we + ((size_t)e * ROWS + r) * ldw, w + (size_t)((r + 7 * e) % ROWS) * ldw, ldw);
+    char err[256];
+    int rc = gpu_test_experts(type, we, ldw, N, ROWS, X, x, offs, y, err, sizeof err);
+    if (rc > 0)
+        printf("  %-5s n=%-5d %s: not on this device (%s)\n", qt->name, N, what, err);
+    else if (CHECK(rc == 0, "%s", err)) {
+        struct tg_err e = {0};
+        for (int ex = 0; ex < X; ex++)
+            for (int p = offs[ex]; p < offs[ex + 1]; p++) {
+                at->from_f32(x + (size_t)p * N, aq, N);
+                for (int r = 0; r < ROWS; r++) {
+                    size_t wr = (size_t)((r + 7 * ex) % ROWS);
+                    tg_check_dot(qt, type, w + wr * ldw, wf + wr * N, x + (size_t)p * N, aq, N, y[(size_t)p * ROWS + r],
+                                 &e);
+                }
+            }
+        tg_err_report(qt, N, P, what, &e);
+    }
+    free(we), free(y);
+}
+
 static void tg_matvec_type(int type, int N, int ROWS)
 {
     const struct quant_type *qt = quant_type(type);
@@ -90,51 +178,26 @@ static void tg_matvec_type(int type, int N, int ROWS)
         if (!CHECK(gpu_test_matvec(type, w, ldw, N, ROWS, x, T, runs[k].mode, mode == GPU_TEST_NORM ? gw : u, y, err,
                                    sizeof err) == 0, "%s", err))
             break;
-        double worst = 0, worst_cpu = 0, rms = 0;
-        int bad = 0, nonfinite = 0;
+        struct tg_err e = {0};
         for (int t = 0; t < T; t++) {
             const float *xt = act + (size_t)t * N;
             at->from_f32(xt, aq, N);
-            for (int r = 0; r < ROWS; r++) {
-                const float *wr = wf + (size_t)r * N;
-                double ref = 0, mag = 0, bound = 0, bound_cpu = 0;
-                for (int b = 0; b < N / 32; b++) {
-                    double amax = 0, amax256 = 0, sw = 0;
-                    for (int i = 32 * b; i < 32 * b + 32; i++) {
-                        ref += (double)wr[i] * xt[i];
-                        mag += fabs((double)wr[i] * xt[i]);
-                        amax = fmax(amax, fabs(xt[i]));
-                        sw += fabs(wr[i]);
-                    }
-                    for (int i = 256 * (b / 8); i < 256 * (b / 8) + 256 && i < N; i++)
-                        amax256 = fmax(amax256, fabs(xt[i]));
-                    if (!qt->dot_type || qt->blck == 1)
-                        continue;
-                    bound += sw * 0.57 * amax / 127;
-                    bound_cpu += sw * 0.57 * (qt->blck == 256 ? amax256 : amax) / 127;
-                }
-                bound += 1e-5 * mag + 1e-30;
-                /* quant.c's float dots round the activation to the weight's type */
-                bound_cpu += (type == QT_F16 ? 4.9e-4 : type == QT_BF16 ? 3.9e-3 : 1e-5) * mag;
-                float g = y[(size_t)t * ROWS + r], cpu;
-                qt->dot(N, &cpu, w + (size_t)r * ldw, aq);
-                if (!isfinite(g)) {
-                    nonfinite++;
-                    continue;
-                }
-                double e = fabs(g - ref);
-                rms += e * e / (mag * mag + 1e-30);
-                worst = fmax(worst, e / bound);
-                worst_cpu = fmax(worst_cpu, fabs(g - cpu) / (bound + bound_cpu));
-                bad += e > bound || fabs(g - cpu) > bound + bound_cpu;
-            }
+            for (int r = 0; r < ROWS; r++)
+                tg_check_dot(qt, type, w + (size_t)r * ldw, wf + (size_t)r * N, xt, aq, N, y[(size_t)t * ROWS + r], &e);
         }
-        printf("  %-5s n=%-5d T=%-2d %-6s max err/bound vs FP64 %.3f, vs quant.c %.3f; RMS err/sum|wx| %.2e\n",
-               qt->name, N, T, runs[k].what, worst, worst_cpu, sqrt(rms / (T * ROWS)));
-        CHECK(nonfinite == 0, "%s T=%d %s: %d outputs not finite (unwritten rows stay NaN)", qt->name, T,
-              runs[k].what, nonfinite);
-        CHECK(bad == 0, "%s T=%d %s: %d outputs past the bound (worst %.3f of it)", qt->name, T, runs[k].what, bad,
-              fmax(worst, worst_cpu));
+        tg_err_report(qt, N, T, runs[k].what, &e);
+    }
+    /* a prompt's experts on tensor cores (Q4_K, Q6_K, Q8_0 at widths of
+     * 256s): an expert without rows, one tile, two; 32-row tiles (experts
+     * of 14 rows on average), then 16-row ones (4) */
+    if ((type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && N % 256 == 0) {
+        static const int32_t offs3[] = {0, 0, 5, 40}, offs6[] = {0, 0, 3, 3, 20, 21, 24};
+        float *xe = malloc(sizeof(float) * N * 40);
+        for (int i = 0; i < N * 40; i++)
+            xe[i] = (i % N / 32) % 7 == 3 ? 0.0f : test_randf(&seed) * (0.1f + (float)((i % N / 32) % 5));
+        tg_experts_run(qt, type, w, wf, ldw, N, ROWS, 3, offs3, xe, aq, "experts, 32-row tiles");
+        tg_experts_run(qt, type, w, wf, ldw, N, ROWS, 6, offs6, xe, aq, "experts, 16-row tiles");
+        free(xe);
     }
     free(w), free(wf), free(x), free(y), free(aq), free(gw), free(u), free(act);
 }
