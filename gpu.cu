@@ -1788,7 +1788,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
  * TFLOP/s (BENCH.md, sixth pass). Block (x, e): GF_MVX_WARPS warps, each
  * a 16-row tile of expert e's rows (across the parts as gf_mv's: gate and
  * up) walking all its units, the next unit's loads before this one's
- * arithmetic and the first before the wait (the expert is the block's y,
+ * arithmetic and the first before the wait (the expert is blockIdx.y,
  * no kernel's output); e's rows in tiles of 8·NB, each lane storing its
  * own sums; no barrier, so a warp past the rows leaves. The activation's
  * blocks lie in gq_act_at's layout of bt = all the rows side by side, so
