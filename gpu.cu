@@ -3975,6 +3975,22 @@ int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host)
                ? 0 : -1;
 }
 
+/* The end of a test's launches on c's stream (rc: how they went): wait for
+ * them, then the bytes of dy into y, the stream destroyed; the result */
+static int gf_test_end(struct gpu_ctx *c, int rc, const char *what, void *y, const void *dy, size_t bytes, char *err,
+                       size_t errlen)
+{
+    if (!c->stream)
+        return rc;
+    gpuError_t e = gpuStreamSynchronize(c->stream);
+    if (!rc && e != gpuSuccess)
+        rc = strata_errf(err, errlen, "%s: %s", what, gpuGetErrorString(e));
+    if (!rc && gpuMemcpy(y, dy, bytes, gpuMemcpyDeviceToHost) != gpuSuccess)
+        rc = strata_errf(err, errlen, "copy from the device failed");
+    gpuStreamDestroy(c->stream);
+    return rc;
+}
+
 int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
                     const float *b, float *y, char *err, size_t errlen)
 {
@@ -4008,14 +4024,8 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
         rc = gf_act(c.stream, am, dx, mode == GPU_TEST_SWIGLU ? db : NULL, mode == GPU_TEST_NORM ? db : NULL, 1e-6f, n,
                     T, c.abt, dxn, c.aq, c.ads, err, errlen) ||
              gf_matmul_n(&c, &o, 1, dxn, T, 0, err, errlen);
-        gpuError_t e = gpuStreamSynchronize(c.stream);
-        if (!rc && e != gpuSuccess)
-            rc = strata_errf(err, errlen, "matvec: %s", gpuGetErrorString(e));
-        if (!rc && gpuMemcpy(y, dy, (size_t)T * rows * 4, gpuMemcpyDeviceToHost) != gpuSuccess)
-            rc = strata_errf(err, errlen, "copy from the device failed");
     }
-    if (c.stream)
-        gpuStreamDestroy(c.stream);
+    rc = gf_test_end(&c, rc, "matvec", y, dy, (size_t)T * rows * 4, err, errlen);
     gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.aq), gpu_test_free(c.ads);
     gpu_test_free(db), gpu_test_free(dxn);
     return rc;
@@ -4053,14 +4063,8 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
         const struct gf_mat *mp = &m;
         rc = gf_act(c.stream, GF_ACT_PLAIN, dx, NULL, NULL, 0, n, P, P, NULL, c.aq, c.ads, err, errlen) ||
              gf_mvx(&c, &mp, &dy, 1, (size_t)rows, P, err, errlen);
-        gpuError_t e = gpuStreamSynchronize(c.stream);
-        if (!rc && e != gpuSuccess)
-            rc = strata_errf(err, errlen, "experts: %s", gpuGetErrorString(e));
-        if (!rc && gpuMemcpy(y, dy, (size_t)P * rows * 4, gpuMemcpyDeviceToHost) != gpuSuccess)
-            rc = strata_errf(err, errlen, "copy from the device failed");
     }
-    if (c.stream)
-        gpuStreamDestroy(c.stream);
+    rc = gf_test_end(&c, rc, "experts", y, dy, (size_t)P * rows * 4, err, errlen);
     gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.offs), gpu_test_free(c.aq);
     gpu_test_free(c.ads);
     return rc;
