@@ -1060,9 +1060,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
     constexpr int NW = SH::NW, KS = SH::KS, VS = SH::VS, NST = SH::NST, PLD = SH::PLD, KT = E / 16;
     constexpr int MT = E / 16, NR = 8 * NB, MC = C / 16;
     constexpr int SP = 32 / MC; /* steps whose pages (one per 16-entry half) a register holds */
-    /* Q and P as f16 hi + lo for f16 cells; one f16 for int8 cells, whose
-     * own rounding (absmax/254) is ~40 times f16's 2^-12 (see the top) */
-    constexpr bool HL = ROW == ROW_F16;
     extern __shared__ __align__(16) uint8_t ak_smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     /* Launched early: q, the new cells' K/V rows and a QSA list come from
@@ -1243,8 +1240,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             issue(pre);
         gpu_grid_wait();
     }
-    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R; lo only with
-     * HL) */
+    /* Q rows 8nb + g as B fragments, hi and lo (zeros past R) */
     uint32_t qh[NB][KT][2], ql[NB][KT][2];
     int lim[NB][2]; /* the last entry rows 8nb + 2t4 + c may see (and the partition's) */
 #pragma unroll
@@ -1256,13 +1252,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             /* ROW_I8C: lane t4 takes words t4·KT + ks of a K row (bank order) */
             int e = ROW == ROW_I8C ? 4 * (t4 * KT + ks) : 16 * ks + 4 * t4;
             float4 x = src ? *(const float4 *)(src + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if constexpr (HL) {
-                ak_split2(x.x, x.y, &qh[nb][ks][0], &ql[nb][ks][0]);
-                ak_split2(x.z, x.w, &qh[nb][ks][1], &ql[nb][ks][1]);
-            } else {
-                qh[nb][ks][0] = ak_pack(x.x, x.y);
-                qh[nb][ks][1] = ak_pack(x.z, x.w);
-            }
+            ak_split2(x.x, x.y, &qh[nb][ks][0], &ql[nb][ks][0]);
+            ak_split2(x.z, x.w, &qh[nb][ks][1], &ql[nb][ks][1]);
         }
 #pragma unroll
         for (int c = 0; c < 2; c++)
@@ -1317,8 +1308,7 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
-                    if constexpr (HL)
-                        ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
+                    ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
                     ak_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
                 }
             }
@@ -1417,13 +1407,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             for (int mc = 0; mc < MC; mc++) {
                 const float *pr = ps + (8 * nb + g) * PLD + 16 * mc + 2 * t4;
                 float2 u = *(const float2 *)pr, v = *(const float2 *)(pr + 8);
-                if constexpr (HL) {
-                    ak_split2(u.x, u.y, &ph[nb][mc][0], &pl[nb][mc][0]);
-                    ak_split2(v.x, v.y, &ph[nb][mc][1], &pl[nb][mc][1]);
-                } else {
-                    ph[nb][mc][0] = ak_pack(u.x, u.y);
-                    ph[nb][mc][1] = ak_pack(v.x, v.y);
-                }
+                ak_split2(u.x, u.y, &ph[nb][mc][0], &pl[nb][mc][0]);
+                ak_split2(v.x, v.y, &ph[nb][mc][1], &pl[nb][mc][1]);
             }
         /* Oᵀ += Vᵀ·Pᵀ: A of m-tiles 2j, 2j+1 from cells 16mc + 2t4, +1, +8,
          * +9, elements 32j + 4g .. +3, paired across cells */
@@ -1459,11 +1444,9 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
-                    if constexpr (HL) {
-                        ak_mma16816(O[nb][2 * j], a0, pl[nb][mc][0], pl[nb][mc][1]);
-                        ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][mc][0], pl[nb][mc][1]);
-                    }
+                    ak_mma16816(O[nb][2 * j], a0, pl[nb][mc][0], pl[nb][mc][1]);
                     ak_mma16816(O[nb][2 * j], a0, ph[nb][mc][0], ph[nb][mc][1]);
+                    ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][mc][0], pl[nb][mc][1]);
                     ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][mc][0], ph[nb][mc][1]);
                 }
             }
