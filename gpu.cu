@@ -1667,10 +1667,8 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
 }
 
 /* unit sb's products of the lane's rows (f) and tokens into acc: block s
- * of activation row t is block t·ts + s·ss. SKIP: none for the groups of 8
- * tokens past T (gf_mvx_kernel's last tile of an expert's rows; the batch
- * kernel's NB fits its T) */
-template <class F, int NB, int BT, bool SKIP>
+ * of activation row t is block t·ts + s·ss */
+template <class F, int NB, int BT>
 static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[2], int sb, int ts, int ss, int gq,
                                                    int c, float (&acc)[NB][4])
 {
@@ -1685,8 +1683,6 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[
         f[1].sub(k, &a[1], &a[3], &ds[1], &ms[1]);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            if (SKIP && 8 * b >= T)   /* token groups past the tile's rows */
-                break;
             int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
             gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
             gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
@@ -1757,11 +1753,11 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     for (; sb + W < nsb; sb += W) {
         F nf[2];
         gf_mvq_fetch(w, sb + W, c, nf);
-        gf_mvq_unit<F, NB, BT, false>(p, f, sb, ts, ss, gq, c, acc);
+        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
         f[0] = nf[0], f[1] = nf[1];
     }
     if (sb < nsb)
-        gf_mvq_unit<F, NB, BT, false>(p, f, sb, ts, ss, gq, c, acc);
+        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
 #pragma unroll
     for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -1837,7 +1833,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         for (int sb = 0; sb < nsb; sb++) {
             F nf[2];
             gf_mvq_fetch(w, sb + 1 < nsb ? sb + 1 : 0, c, nf);
-            gf_mvq_unit<F, NB, 1, true>(q, f, sb, 1, p.bt, gq, c, acc);
+            gf_mvq_unit<F, NB, 1>(q, f, sb, 1, p.bt, gq, c, acc);
             f[0] = nf[0], f[1] = nf[1];
         }
         /* acc[b][i]: row gq + 8·(i/2), row t of the tile 8b + 2c + i%2 */
