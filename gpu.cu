@@ -1797,45 +1797,14 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
  * 512-token prompt 30% of its speed (BENCH.md, twenty-ninth pass). */
 #define GF_MVX_WARPS 4
 
-/* 16 bytes from global to shared memory, asynchronously (zeros when !ok;
- * src must still be a valid address) */
-static __device__ __forceinline__ void gf_cp16(void *dst, const void *src, bool ok)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-
-/* The block's copy of unit sb's activation blocks (F::COLS / 32 of them)
- * for the tile's T rows from row a: block j's codes of row t at sq[j·TT +
- * t] (32 bytes), its scales at sd[j·TT + t], zeros past T; one cp.async
- * group */
-template <class F, int TT>
-static __device__ __forceinline__ void gf_mvx_copy(const gf_mv &p, int a, int T, int sb, int8_t *sq, gf_ads *sd)
-{
-    enum { NBK = F::COLS / GF_AB };
-    for (int i = threadIdx.x; i < 3 * NBK * TT; i += blockDim.x) {
-        bool code = i < 2 * NBK * TT;
-        int k = code ? i / 2 : i - 2 * NBK * TT, j = k / TT, t = k % TT, h = code ? 16 * (i % 2) : 0;
-        size_t at = (size_t)(NBK * sb + j) * p.bt + a + t;   /* gq_act_at's block of row a + t */
-        const void *src = code ? (const void *)(p.aq + GF_AB * at + h) : (const void *)(p.ads + at);
-        void *dst = code ? (void *)(sq + GF_AB * k + h) : (void *)(sd + k);
-        gf_cp16(dst, t < T ? src : (const void *)p.aq, t < T);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
 template <class F, int NB>
 __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_mv p, const int32_t *offs)
 {
     GPU_TRACE(GT_MVX);
 #if __CUDA_ARCH__ >= 800
-    enum { TT = 8 * NB, NBK = F::COLS / GF_AB };
-    __shared__ __align__(16) int8_t sq[2][NBK * TT * GF_AB];
-    __shared__ gf_ads sd[2][NBK * TT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
     int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / F::COLS;
     int r0 = (blockIdx.x * GF_MVX_WARPS + warp) * 16;
-    bool live = r0 < total;   /* (a warp past the rows still copies) */
     const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
     int pt[2], rr[2];
 #pragma unroll
@@ -1844,36 +1813,28 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         w[j] = p.w[pt[j]] + (size_t)e * p.estride + (size_t)rr[j] * p.ldw;
     }
     F f[2];
-    gf_mvq_fetch(w, 0, c, f);
+    if (r0 < total)
+        gf_mvq_fetch(w, 0, c, f);
     gf_pdl_begin();
     int a0 = offs[e], m = offs[e + 1] - a0;
-    for (int t0 = 0; t0 < m; t0 += TT) {
-        gf_mv q = p;   /* the tile's rows, from shared memory: block s of row t at s·TT + t */
-        q.t_total = min(m - t0, TT);
+    if (r0 >= total)
+        return;
+    for (int t0 = 0; t0 < m; t0 += 8 * NB) {
+        gf_mv q = p;   /* the tile's rows */
+        q.aq = p.aq + (size_t)GF_AB * (a0 + t0), q.ads = p.ads + (a0 + t0), q.t_total = min(m - t0, 8 * NB);
         float acc[NB][4];
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[b][i] = 0.0f;
-        gf_mvx_copy<F, TT>(p, a0 + t0, q.t_total, 0, sq[0], sd[0]);
-        /* unit sb's activation copied a unit ahead (its cp.async group),
-         * its weights fetched a unit ahead, unit 0 after the last (the
-         * next tile's, or one unused fetch: no branch around the loads) */
+        /* the next unit's loads, unit 0 after the last (the next tile's,
+         * or one unused fetch: no branch around the loads) */
         for (int sb = 0; sb < nsb; sb++) {
-            if (sb + 1 < nsb)
-                gf_mvx_copy<F, TT>(p, a0 + t0, q.t_total, sb + 1, sq[(sb + 1) % 2], sd[(sb + 1) % 2]);
-            else
-                asm volatile("cp.async.commit_group;\n" ::: "memory");
             F nf[2];
             gf_mvq_fetch(w, sb + 1 < nsb ? sb + 1 : 0, c, nf);
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-            __syncthreads();
-            q.aq = sq[sb % 2], q.ads = sd[sb % 2];
-            if (live)
-                gf_mvq_unit<F, NB, 1>(q, f, 0, 1, TT, gq, c, acc);
+            gf_mvq_unit<F, NB, 1>(q, f, sb, 1, p.bt, gq, c, acc);
             f[0] = nf[0], f[1] = nf[1];
-            __syncthreads();   /* the stage is read before it is copied again */
         }
         /* acc[b][i]: row gq + 8·(i/2), row t of the tile 8b + 2c + i%2 */
 #pragma unroll
@@ -1881,7 +1842,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int t = 8 * b + 2 * c + i % 2, j = i / 2;
-                if (live && t < q.t_total && r0 + gq + 8 * j < total)
+                if (t < q.t_total && r0 + gq + 8 * j < total)
                     *gf_mv_at(p, pt[j], 0, a0 + t0 + t, rr[j]) = acc[b][i];
             }
     }
