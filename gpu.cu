@@ -1737,12 +1737,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     if (sb < nsb)
         gf_mvq_fetch(w, sb, c, f);
     gf_pdl_begin();
-    float acc[NB][4];
-#pragma unroll
-    for (int b = 0; b < NB; b++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[b][i] = 0.0f;
+    float acc[NB][4] = {};
     /* block s of activation row t: block t·ts + s·ss (BT: gq_act_at's
      * layout of the rows side by side, else rows in turn), the layout a
      * compile-time choice so that each form's offsets stay multiply-adds */
@@ -1822,12 +1817,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
         gf_mv q = p;   /* the tile's rows */
         q.aq = p.aq + (size_t)GF_AB * (a0 + t0), q.ads = p.ads + (a0 + t0), q.t_total = min(m - t0, 8 * NB);
-        float acc[NB][4];
-#pragma unroll
-        for (int b = 0; b < NB; b++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[b][i] = 0.0f;
+        float acc[NB][4] = {};
         /* the next unit's loads, unit 0 after the last (the next tile's,
          * or one unused fetch: no branch around the loads) */
         for (int sb = 0; sb < nsb; sb++) {
