@@ -4032,8 +4032,8 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&db, nb * 4, err, errlen) || gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4074,8 +4074,8 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
     int rc = gf_alloc((void **)&dw, ldw * rows * X, err, errlen) || gf_alloc((void **)&dx, (size_t)P * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)P * rows * 4, err, errlen) ||
              gf_alloc((void **)&c.offs, (size_t)(X + 1) * sizeof(int32_t), err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)P * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)P * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_alloc((void **)&c.aq, (size_t)(P + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(P + GF_ACT_SLACK) * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows * X, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4130,8 +4130,8 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) ||
              gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
              gpuStreamCreate(&c.stream) != gpuSuccess || gpuEventCreate(&ev[0]) != gpuSuccess ||
              gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
     if (!rc) {
