@@ -32,6 +32,7 @@
 #include <string.h>
 
 #define GF_AB 32          /* activation block: int8 codes with one scale */
+#define GF_ACT_SLACK 32   /* rows past c->aq's and c->ads's last (gf_act_src: a tile's tokens past its rows) */
 #define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
 #define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
 #define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
@@ -1666,41 +1667,64 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
         f[j].fetch(w[j], sb, c);
 }
 
-/* unit sb's products of the lane's rows (f) and tokens into acc: block s
- * of activation row t is block t·ts + s·ss */
-template <class F, int NB, int BT>
-static __device__ __forceinline__ void gf_mvq_unit(const gf_mv &p, const F (&f)[2], int sb, int ts, int ss, int gq,
-                                                   int c, float (&acc)[NB][4])
+/* The lane's view of the activation for gf_mvq_unit: group b (tokens 8b
+ * .. 8b + 7 of the tile) of activation block s, its B operand (token 8b +
+ * gq, the lane's 8 bytes of a group of 32, or its 4 at o of one of 16)
+ * and the scales of C's tokens 8b + 2c and + 1. Pointers formed once a
+ * tile (block s of row t: t·ts + s·ss blocks on), no bounds: the tokens
+ * past the tile's T read other rows of the buffer (gpu_ctx's slack of
+ * GF_ACT_SLACK rows covers the last), into sums that are never stored.
+ * Nsight Compute counted 47.6 instructions an mma in gf_mvx_kernel with
+ * each load's address rebuilt and checked, about a third of them
+ * addresses (BENCH.md, thirtieth pass). */
+struct gf_act_src {
+    const int8_t *q;     /* the lane's B bytes in block 0, group 0 */
+    const gf_ads *d;     /* token 2c's scales in block 0 */
+    size_t qs;           /* a block's stride, bytes */
+    int ds;              /* ... in gf_ads */
+    int qt, dt;          /* a group's stride (8 tokens), bytes and gf_ads */
+    __device__ gf_act_src(const gf_mv &p, int a, int ts, int ss, int gk, int gq, int c)
+    {
+        q = p.aq + (size_t)GF_AB * ((size_t)(a + gq) * ts) + (gk == 32 ? 8 : 4) * c;
+        d = p.ads + (size_t)(a + 2 * c) * ts;
+        qs = (size_t)GF_AB * ss, ds = ss, qt = GF_AB * 8 * ts, dt = 8 * ts;
+    }
+};
+
+/* unit sb's products of the lane's rows (f) and tokens into acc, the
+ * activation as src sees it */
+template <class F, int NB>
+static __device__ __forceinline__ void gf_mvq_unit(const gf_act_src &src, const F (&f)[2], int sb, int ts,
+                                                   float (&acc)[NB][4])
 {
-    int T = p.t_total;
 #pragma unroll
     for (int k = 0; k < F::G; k++) {
         /* the activation's block of the group, and the group's columns in it */
         int s = F::COLS / 32 * sb + F::GK * k / 32, o = F::GK * k % 32;
+        const int8_t *qk = src.q + (size_t)s * src.qs + o;
+        const gf_ads *dk = src.d + (size_t)s * src.ds;
         uint32_t a[4];
         float ds[2], ms[2];
         f[0].sub(k, &a[0], &a[2], &ds[0], &ms[0]);
         f[1].sub(k, &a[1], &a[3], &ds[1], &ms[1]);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            int tb = 8 * b + gq, t0 = 8 * b + 2 * c;   /* B's token; C's tokens t0, t0 + 1 */
-            gf_ads x0 = t0 < T ? p.ads[(size_t)t0 * ts + s * ss] : make_float4(0, 0, 0, 0);
-            gf_ads x1 = t0 + 1 < T ? p.ads[(size_t)(t0 + 1) * ts + s * ss] : make_float4(0, 0, 0, 0);
-            int dot[4] = {0, 0, 0, 0};
+            gf_ads x0 = dk[b * src.dt], x1 = dk[b * src.dt + ts];
+            int dot[4];
             if constexpr (F::GK == 32) {
-                int2 x = tb < T ? *(const int2 *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + 8 * c) : make_int2(0, 0);
+                int2 x = *(const int2 *)(qk + b * src.qt);
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y));
+                             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+                             : "=r"(dot[0]), "=r"(dot[1]), "=r"(dot[2]), "=r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(x.x), "r"(x.y), "r"(0));
             } else {
-                int x = tb < T ? *(const int *)(p.aq + 32 * ((size_t)tb * ts + s * ss) + o + 4 * c) : 0;
+                int x = *(const int *)(qk + b * src.qt);
                 asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
-                             "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                             : "+r"(dot[0]), "+r"(dot[1]), "+r"(dot[2]), "+r"(dot[3])
-                             : "r"(a[0]), "r"(a[1]), "r"(x));
+                             "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+                             : "=r"(dot[0]), "=r"(dot[1]), "=r"(dot[2]), "=r"(dot[3])
+                             : "r"(a[0]), "r"(a[1]), "r"(x), "r"(0));
             }
-            /* dot[i]: row gq + 8·(i/2), token t0 + i%2 */
+            /* dot[i]: row gq + 8·(i/2), token 8b + 2c + i%2 */
             if (F::MIN) {
                 acc[b][0] += x0.x * (ds[0] * (float)dot[0] - ms[0] * x0.z);
                 acc[b][1] += x1.x * (ds[0] * (float)dot[1] - ms[0] * x1.z);
@@ -1742,17 +1766,18 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
      * layout of the rows side by side, else rows in turn), the layout a
      * compile-time choice so that each form's offsets stay multiply-adds */
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
+    const gf_act_src src(p, 0, ts, ss, F::GK, gq, c);
     /* the next unit's loads before this one's arithmetic; the last round
      * apart, so that no branch sits around a fetch (ptxas: ~25 registers
      * more with one) and no unit is fetched twice */
     for (; sb + W < nsb; sb += W) {
         F nf[2];
         gf_mvq_fetch(w, sb + W, c, nf);
-        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
+        gf_mvq_unit<F, NB>(src, f, sb, ts, acc);
         f[0] = nf[0], f[1] = nf[1];
     }
     if (sb < nsb)
-        gf_mvq_unit<F, NB, BT>(p, f, sb, ts, ss, gq, c, acc);
+        gf_mvq_unit<F, NB>(src, f, sb, ts, acc);
 #pragma unroll
     for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -1815,15 +1840,15 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
     if (r0 >= total)
         return;
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
-        gf_mv q = p;   /* the tile's rows */
-        q.aq = p.aq + (size_t)GF_AB * (a0 + t0), q.ads = p.ads + (a0 + t0), q.t_total = min(m - t0, 8 * NB);
+        int tt = min(m - t0, 8 * NB);   /* the tile's rows */
+        const gf_act_src src(p, a0 + t0, 1, p.bt, F::GK, gq, c);
         float acc[NB][4] = {};
         /* the next unit's loads, unit 0 after the last (the next tile's,
          * or one unused fetch: no branch around the loads) */
         for (int sb = 0; sb < nsb; sb++) {
             F nf[2];
             gf_mvq_fetch(w, sb + 1 < nsb ? sb + 1 : 0, c, nf);
-            gf_mvq_unit<F, NB, 1>(q, f, sb, 1, p.bt, gq, c, acc);
+            gf_mvq_unit<F, NB>(src, f, sb, 1, acc);
             f[0] = nf[0], f[1] = nf[1];
         }
         /* acc[b][i]: row gq + 8·(i/2), row t of the tile 8b + 2c + i%2 */
@@ -1832,7 +1857,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int t = 8 * b + 2 * c + i % 2, j = i / 2;
-                if (t < q.t_total && r0 + gq + 8 * j < total)
+                if (t < tt && r0 + gq + 8 * j < total)
                     *gf_mv_at(p, pt[j], 0, a0 + t0 + t, rr[j]) = acc[b][i];
             }
     }
@@ -3778,8 +3803,8 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->offs, (size_t)(hp->n_expert + 1) * sizeof(int32_t), err, errlen) ||
              gf_alloc((void **)&c->xs, hp->n_expert ? MU * D * fb : 0, err, errlen) ||
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
-             gf_alloc((void **)&c->aq, MU * maxn, err, errlen) ||
-             gf_alloc((void **)&c->ads, MU * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c->aq, (MU + GF_ACT_SLACK) * maxn, err, errlen) ||
+             gf_alloc((void **)&c->ads, (MU + GF_ACT_SLACK) * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->nq, D, err, errlen) ||
              gf_alloc((void **)&c->nds, D / GF_AB * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->nss, D / GF_AB * sizeof(float), err, errlen) ||
@@ -3997,8 +4022,8 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&db, nb * 4, err, errlen) || gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4039,8 +4064,8 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
     int rc = gf_alloc((void **)&dw, ldw * rows * X, err, errlen) || gf_alloc((void **)&dx, (size_t)P * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)P * rows * 4, err, errlen) ||
              gf_alloc((void **)&c.offs, (size_t)(X + 1) * sizeof(int32_t), err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)P * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)P * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_alloc((void **)&c.aq, (size_t)(P + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(P + GF_ACT_SLACK) * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows * X, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4095,8 +4120,8 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) ||
              gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)T * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)T * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
+             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
              gpuStreamCreate(&c.stream) != gpuSuccess || gpuEventCreate(&ev[0]) != gpuSuccess ||
              gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
     if (!rc) {
