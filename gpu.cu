@@ -3216,18 +3216,23 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
 #endif
 
 /* Whether the n pairs of a prompt's experts of layer ly (X experts) take
- * gf_mvx_kernel: every stack in a format with gf_mvq_kernel's units, at
- * most GF_MVX_AVG rows an expert on average (STRATA_GPU_MOE_GEMM=1:
- * gpu_gemm's products, for comparisons). Each tile of 32 rows reads the
- * expert's weights again, where gpu_gemm's f16 tiles pay off with more
- * rows: on the H200's 30B-A3B, 16 and 32 rows an expert (256- and
- * 512-token chunks) 1.33 and 1.19 times gpu_gemm's speed, 64 and 128 0.87
- * and 0.66 times (BENCH.md, twenty-ninth pass). */
-#define GF_MVX_AVG 32
+ * gf_mvx_kernel: every stack in a format with gf_mvq_kernel's units, and
+ * the rows an expert on average times a weight's bytes at most
+ * GF_MVX_BYTES in each (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
+ * comparisons). Each tile of 32 rows reads the expert's weights again,
+ * where gpu_gemm's f16 tiles pay off with more rows, so the crossing
+ * falls with the weights' bytes: on the H200's 30B-A3B gf_mvx_kernel
+ * ran 1.08 times gpu_gemm's speed at 64 rows an expert in Q4_K (36
+ * bytes), 0.86 times in Q8_0 (68), and both slower at 128; at 32 rows
+ * Q8_0 (34) 1.10 times (BENCH.md, twenty-ninth and thirty-first passes). */
+#define GF_MVX_BYTES 36.0
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
-    return gf_mvq_units(ly->gate_exps.type, ly->gate_exps.n) && gf_mvq_units(ly->up_exps.type, ly->up_exps.n) &&
-           gf_mvq_units(ly->down_exps.type, ly->down_exps.n) && n <= GF_MVX_AVG * X && !gf_env("STRATA_GPU_MOE_GEMM");
+    const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
+    for (int k = 0; k < 3; k++)
+        if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES)
+            return 0;
+    return !gf_env("STRATA_GPU_MOE_GEMM");
 }
 
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
