@@ -3223,8 +3223,9 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
  * where gpu_gemm's f16 tiles pay off with more rows, so the crossing
  * falls with the weights' bytes: on the H200's 30B-A3B gf_mvx_kernel
  * ran 1.08 times gpu_gemm's speed at 64 rows an expert in Q4_K (36
- * bytes), 0.86 times in Q8_0 (68), and both slower at 128; at 32 rows
- * Q8_0 (34) 1.10 times (BENCH.md, twenty-ninth and thirty-first passes). */
+ * bytes), 0.86 times in Q8_0 (68), both slower at 128, and faster in
+ * both at 32 (Q8_0: 34 bytes; BENCH.md, twenty-ninth and thirty-first
+ * passes). */
 #define GF_MVX_BYTES 36.0
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
