@@ -32,7 +32,7 @@
 #include <string.h>
 
 #define GF_AB 32          /* activation block: int8 codes with one scale */
-#define GF_ACT_SLACK 32   /* rows past c->aq's and c->ads's last (gf_act_src: a tile's tokens past its rows) */
+#define GF_ACT_SLACK 32   /* rows past c->aq's and c->ads's last (gf_act_alloc; gf_act_src reads them) */
 #define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
 #define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
 #define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
@@ -1672,7 +1672,7 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
  * gq, the lane's 8 bytes of a group of 32, or its 4 at o of one of 16)
  * and the scales of C's tokens 8b + 2c and + 1. Pointers formed once a
  * tile (block s of row t: t·ts + s·ss blocks on), no bounds: the tokens
- * past the tile's T read other rows of the buffer (gpu_ctx's slack of
+ * past the tile's T read other rows of the buffer (gf_act_alloc's slack of
  * GF_ACT_SLACK rows covers the last), into sums that are never stored.
  * Nsight Compute counted 47.6 instructions an mma in gf_mvx_kernel with
  * each load's address rebuilt and checked, about a third of them
@@ -3728,6 +3728,15 @@ static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
     return 0;
 }
 
+/* c's int8 activation (aq, ads) for rows of up to n columns, with the
+ * GF_ACT_SLACK rows past the last that gf_act_src's tiles read */
+static int gf_act_alloc(struct gpu_ctx *c, size_t rows, size_t n, char *err, size_t errlen)
+{
+    rows += GF_ACT_SLACK;
+    return gf_alloc((void **)&c->aq, rows * n, err, errlen) ||
+           gf_alloc((void **)&c->ads, rows * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen);
+}
+
 int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int max_tokens, char *err,
                 size_t errlen)
 {
@@ -3809,8 +3818,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->offs, (size_t)(hp->n_expert + 1) * sizeof(int32_t), err, errlen) ||
              gf_alloc((void **)&c->xs, hp->n_expert ? MU * D * fb : 0, err, errlen) ||
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
-             gf_alloc((void **)&c->aq, (MU + GF_ACT_SLACK) * maxn, err, errlen) ||
-             gf_alloc((void **)&c->ads, (MU + GF_ACT_SLACK) * (maxn / GF_AB) * sizeof(gf_ads), err, errlen) ||
+             gf_act_alloc(c, MU, maxn, err, errlen) ||
              gf_alloc((void **)&c->nq, D, err, errlen) ||
              gf_alloc((void **)&c->nds, D / GF_AB * sizeof(gf_ads), err, errlen) ||
              gf_alloc((void **)&c->nss, D / GF_AB * sizeof(float), err, errlen) ||
@@ -4028,8 +4036,7 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&db, nb * 4, err, errlen) || gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_act_alloc(&c, T, n, err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4070,8 +4077,7 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
     int rc = gf_alloc((void **)&dw, ldw * rows * X, err, errlen) || gf_alloc((void **)&dx, (size_t)P * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)P * rows * 4, err, errlen) ||
              gf_alloc((void **)&c.offs, (size_t)(X + 1) * sizeof(int32_t), err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)(P + GF_ACT_SLACK) * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)(P + GF_ACT_SLACK) * (n / GF_AB) * sizeof(gf_ads), err, errlen) ? -1 : 0;
+             gf_act_alloc(&c, P, n, err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
     if (!rc && (gpuMemcpy(dw, w, ldw * rows * X, gpuMemcpyHostToDevice) != gpuSuccess ||
@@ -4126,8 +4132,7 @@ double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, siz
     int rc = gf_alloc((void **)&dw, bytes * copies, err, errlen) ||
              gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
-             gf_alloc((void **)&c.aq, (size_t)(T + GF_ACT_SLACK) * n, err, errlen) ||
-             gf_alloc((void **)&c.ads, (size_t)(T + GF_ACT_SLACK) * (n / GF_AB + 1) * sizeof(gf_ads), err, errlen) ||
+             gf_act_alloc(&c, T, n, err, errlen) ||
              gpuStreamCreate(&c.stream) != gpuSuccess || gpuEventCreate(&ev[0]) != gpuSuccess ||
              gpuEventCreate(&ev[1]) != gpuSuccess ? -1 : 0;
     if (!rc) {
