@@ -28,6 +28,7 @@ struct sampler {
     int32_t *hist;       /* (repeat_last_n) ring of the last accepted ids */
     int n_hist, hist_at;
     int *count;          /* (V) occurrences of each id in hist */
+    int32_t *seen;       /* (repeat_last_n) the distinct ids of hist (distinct_seen) */
     struct cand *cand;   /* (V) the candidates of one call */
 };
 
@@ -83,7 +84,8 @@ struct sampler *sample_new(const struct sample_params *p, int n_vocab)
     s->count = calloc((size_t)n_vocab, sizeof *s->count);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->hist = malloc((size_t)(s->p.repeat_last_n ? s->p.repeat_last_n : 1) * sizeof *s->hist);
-    if (!s->count || !s->cand || !s->hist) {
+    s->seen = malloc((size_t)(s->p.repeat_last_n ? s->p.repeat_last_n : 1) * sizeof *s->seen);
+    if (!s->count || !s->cand || !s->hist || !s->seen) {
         sample_free(s);
         return NULL;
     }
@@ -97,6 +99,7 @@ void sample_free(struct sampler *s)
     free(s->count);
     free(s->cand);
     free(s->hist);
+    free(s->seen);
     free(s);
 }
 
@@ -114,32 +117,38 @@ void sample_accept(struct sampler *s, int32_t id)
     s->hist_at = (s->hist_at + 1) % w;
 }
 
-/* Repetition penalty (divides positive logits, multiplies the others) and
- * frequency/presence penalties, once per distinct id in the window. cand is
- * still indexed by id. */
-static void apply_penalties(struct sampler *s)
+/* The distinct ids of the window into s->seen, when any penalty is on
+ * (else none); returns how many. */
+static int distinct_seen(struct sampler *s)
 {
     const struct sample_params *p = &s->p;
-    if (s->n_hist == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                           p->presence_penalty == 0.0f))
-        return;
-    /* a count is negated once its id is done, then restored */
+    if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
+        return 0;
+    int n = 0;
     for (int k = 0; k < s->n_hist; k++) {
         int32_t id = s->hist[k];
-        int c = s->count[id];
-        if (c <= 0)
-            continue;
-        float *l = &s->cand[id].logit;
-        if (*l <= 0)
-            *l *= p->repeat_penalty;
-        else
-            *l /= p->repeat_penalty;
-        *l -= (float)c * p->frequency_penalty + p->presence_penalty;
-        s->count[id] = -c;
+        if (s->count[id] > 0) {
+            s->seen[n++] = id;
+            s->count[id] = -s->count[id]; /* done: restored below */
+        }
     }
-    for (int k = 0; k < s->n_hist; k++)
-        if (s->count[s->hist[k]] < 0)
-            s->count[s->hist[k]] = -s->count[s->hist[k]];
+    for (int k = 0; k < n; k++)
+        s->count[s->seen[k]] = -s->count[s->seen[k]];
+    return n;
+}
+
+/* A logit as the chain sees it: NaN never wins; an id of the window
+ * penalised once (repetition penalty: divides a positive logit, multiplies
+ * the others; then frequency and presence). */
+static float chain_logit(const struct sampler *s, const float *logits, int32_t id)
+{
+    const struct sample_params *p = &s->p;
+    float l = logits[id] == logits[id] ? logits[id] : -INFINITY;
+    int c = s->count[id];
+    if (c == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f))
+        return l;
+    l = l <= 0 ? l * p->repeat_penalty : l / p->repeat_penalty;
+    return l - ((float)c * p->frequency_penalty + p->presence_penalty);
 }
 
 /* the candidate order: higher logit first, then lower id */
@@ -188,28 +197,103 @@ static void select_top_k(struct cand *c, int n, int k)
     }
 }
 
+/* Whether any of l[0..SCAN) is > t (NaN never): a loop of fixed length
+ * the compiler vectorises, so that the scans below test SCAN logits at a
+ * time and look at each only in a block that beats their threshold. */
+#define SCAN 64
+static int block_beats(const float *l, float t)
+{
+    int any = 0;
+    for (int i = 0; i < SCAN; i++)
+        any |= l[i] > t;
+    return any;
+}
+
+/* Greedy: the best id by the chain's logits, ties to the lowest. The ids
+ * outside the window are scanned on their raw logits (a block whose
+ * largest does not beat the best so far is skipped whole), then the
+ * window's ids with their penalties. */
+static int32_t best_id(struct sampler *s, const float *logits)
+{
+    int V = s->n_vocab, n_seen = distinct_seen(s);
+    int32_t best = 0;
+    float bl = -INFINITY;
+    for (int i0 = 0; i0 < V; i0 += SCAN) {
+        int n = V - i0 < SCAN ? V - i0 : SCAN;
+        if (n == SCAN && !block_beats(logits + i0, bl))
+            continue;
+        for (int i = i0; i < i0 + n; i++)
+            if (logits[i] > bl && (n_seen == 0 || s->count[i] == 0)) {
+                bl = logits[i];
+                best = i;
+            }
+    }
+    for (int k = 0; k < n_seen; k++) {
+        int32_t id = s->seen[k];
+        float l = chain_logit(s, logits, id);
+        if (l > bl || (l == bl && id < best)) {
+            bl = l;
+            best = id;
+        }
+    }
+    return best;
+}
+
+/* top-k straight from the logits: c[0..k) the k best ids by the chain's
+ * order (unordered), as select_top_k leaves them, without writing all V
+ * candidates first. A heap of the first k ids outside the window, then
+ * every later one that beats its root (a block of logits none of which
+ * does is skipped whole; an id ahead of the heap's never wins a tie), then
+ * the window's ids with their penalties. Returns 0 where fewer than k ids
+ * lie outside the window (the caller takes the long way). */
+static int top_k_direct(struct sampler *s, const float *logits, int k)
+{
+    int V = s->n_vocab, n_seen = distinct_seen(s), m = 0, i = 0;
+    struct cand *c = s->cand;
+    for (; i < V && m < k; i++)
+        if (n_seen == 0 || s->count[i] == 0)
+            c[m++] = (struct cand){i, chain_logit(s, logits, i)};
+    if (m < k)
+        return 0;
+    for (int j = k / 2 - 1; j >= 0; j--)
+        sift_down(c, k, j);
+    for (int i0 = i; i0 < V; i0 += SCAN) {
+        int n = V - i0 < SCAN ? V - i0 : SCAN;
+        if (n == SCAN && !block_beats(logits + i0, c[0].logit))
+            continue;
+        for (int j = i0; j < i0 + n; j++)
+            if (logits[j] > c[0].logit && (n_seen == 0 || s->count[j] == 0)) {
+                c[0] = (struct cand){j, logits[j]};
+                sift_down(c, k, 0);
+            }
+    }
+    for (int j = 0; j < n_seen; j++) {
+        struct cand x = {s->seen[j], chain_logit(s, logits, s->seen[j])};
+        if (better(&x, &c[0])) {
+            c[0] = x;
+            sift_down(c, k, 0);
+        }
+    }
+    return 1;
+}
+
 int32_t sample_next(struct sampler *s, const float *logits)
 {
     const struct sample_params *p = &s->p;
     struct cand *c = s->cand;
     int n = s->n_vocab;
-    for (int i = 0; i < n; i++) {
-        c[i].id = i;
-        c[i].logit = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN never wins */
-    }
-    apply_penalties(s);
+    if (p->temp <= 0)
+        return best_id(s, logits);
 
-    if (p->temp <= 0) {
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (c[i].logit > c[best].logit)
-                best = i;
-        return c[best].id;
-    }
-
-    if (p->top_k > 0 && p->top_k < n) {
-        select_top_k(c, n, p->top_k);
+    if (p->top_k > 0 && p->top_k < n && top_k_direct(s, logits, p->top_k)) {
         n = p->top_k;
+    } else {
+        for (int i = 0; i < n; i++)
+            c[i] = (struct cand){i, chain_logit(s, logits, i)};
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top_k(c, n, p->top_k);
+            n = p->top_k;
+        }
     }
     int arg = 0;
     for (int i = 1; i < n; i++)

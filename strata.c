@@ -64,7 +64,9 @@ static const char usage[] =
     "the pages); --prefix N times a prompt of N shared + -p new tokens evaluated\n"
     "twice (the second shares the cached pages); --split S decode attention\n"
     "partitions (0: automatic); --batch B also -n decode steps of B sequences\n"
-    "together (each at DEPTH cells, sharing its pages), tokens/s of all B.\n";
+    "together (each at DEPTH cells, sharing its pages), tokens/s of all B; the\n"
+    "sample line times generate's sampling chain on the last logits (its options,\n"
+    "generate's defaults).\n";
 
 /* ==== errors and small helpers ==== */
 
@@ -167,15 +169,15 @@ static const struct flag flags[] = {
     { "--prefix", NULL, O_INT, OFF(prefix), C_BENCH, 0, 1 << 24 },
     { "--split", NULL, O_INT, OFF(split), C_BENCH, 0, ATTN_MAX_SPLIT },
     { "--batch", NULL, O_INT, OFF(batch), C_BENCH, 1, 64 },
-    { "--temp", NULL, O_FLOAT, OFF(sp.temp), C_GEN, 0, 0 },
-    { "--top-k", NULL, O_INT, OFF(sp.top_k), C_GEN, -1, 1 << 24 },
-    { "--top-p", NULL, O_FLOAT, OFF(sp.top_p), C_GEN, 0, 0 },
-    { "--min-p", NULL, O_FLOAT, OFF(sp.min_p), C_GEN, 0, 0 },
-    { "--repeat-penalty", NULL, O_FLOAT, OFF(sp.repeat_penalty), C_GEN, 0, 0 },
-    { "--presence-penalty", NULL, O_FLOAT, OFF(sp.presence_penalty), C_GEN, 0, 0 },
-    { "--frequency-penalty", NULL, O_FLOAT, OFF(sp.frequency_penalty), C_GEN, 0, 0 },
-    { "--repeat-last-n", NULL, O_INT, OFF(sp.repeat_last_n), C_GEN, -1, 1 << 24 },
-    { "--seed", NULL, O_U64, OFF(sp.seed), C_GEN, 0, 0 },
+    { "--temp", NULL, O_FLOAT, OFF(sp.temp), C_GEN | C_BENCH, 0, 0 },
+    { "--top-k", NULL, O_INT, OFF(sp.top_k), C_GEN | C_BENCH, -1, 1 << 24 },
+    { "--top-p", NULL, O_FLOAT, OFF(sp.top_p), C_GEN | C_BENCH, 0, 0 },
+    { "--min-p", NULL, O_FLOAT, OFF(sp.min_p), C_GEN | C_BENCH, 0, 0 },
+    { "--repeat-penalty", NULL, O_FLOAT, OFF(sp.repeat_penalty), C_GEN | C_BENCH, 0, 0 },
+    { "--presence-penalty", NULL, O_FLOAT, OFF(sp.presence_penalty), C_GEN | C_BENCH, 0, 0 },
+    { "--frequency-penalty", NULL, O_FLOAT, OFF(sp.frequency_penalty), C_GEN | C_BENCH, 0, 0 },
+    { "--repeat-last-n", NULL, O_INT, OFF(sp.repeat_last_n), C_GEN | C_BENCH, -1, 1 << 24 },
+    { "--seed", NULL, O_U64, OFF(sp.seed), C_GEN | C_BENCH, 0, 0 },
     { "--logprobs", NULL, O_INT, OFF(logprobs), C_GEN, 0, 1 << 24 },
     { "--no-special", NULL, O_FLAG, OFF(no_special), C_GEN | C_TOK, 0, 0 },
     { "--no-bos", NULL, O_FLAG, OFF(no_bos), C_TOK, 0, 0 },
@@ -929,6 +931,22 @@ static void bench_tokens(int32_t *ids, int n, int V, uint64_t seed)
     }
 }
 
+/* The sampling chain's µs a token on one row of logits (the host's share
+ * of a generated token besides the model's step), over 200 draws, each
+ * accepted into the penalties' window as generation does. */
+static double bench_sample(const struct sample_params *sp, const float *logits, int V)
+{
+    struct sampler *s = sample_new(sp, V);
+    if (!s)
+        return -1;
+    double t0 = now_ms();
+    for (int i = 0; i < 200; i++)
+        sample_accept(s, sample_next(s, logits));
+    double us = (now_ms() - t0) * 1e3 / 200;
+    sample_free(s);
+    return us;
+}
+
 /* Evaluates ids[0..n) at pos and returns the milliseconds (< 0 on error). */
 static double bench_eval(struct model_ctx *c, const int32_t *ids, int n, int pos, float *logits)
 {
@@ -1119,8 +1137,12 @@ static int cmd_bench(struct opts *o)
     printf("%-14s %-8s %12s\n", "test", "tokens", "tok/s");
     if (np > 0)
         printf("%-14s %-8d %12.2f\n", "prompt", np, median(pp, reps));
-    if (ng > 0)
+    if (ng > 0) {
         printf("%-14s %-8d %12.2f\n", "decode", ng, tg_med);
+        printf("%-14s %-8s %12.1f us a token (the sampling chain on the host: --temp %g --top-k %d --top-p %g "
+               "--min-p %g)\n", "sample", "", bench_sample(&o->sp, logits, V), o->sp.temp, o->sp.top_k,
+               o->sp.top_p, o->sp.min_p);
+    }
     if (B > 1) {
         /* a step of B reads the weights once and each sequence's own cells */
         double kv_b = (d + (ng - 1) / 2.0 + 1) * cell_reads, tgb_med = median(tgb, reps);

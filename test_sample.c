@@ -202,6 +202,24 @@ static void check_filters(void)
     p.top_k = 10;
     p.min_p = 0.05f;
     check_draws("sample/draws-penalties-then-filters", l, V, p, hist, 40, N);
+    /* more of top-k than ids outside the window (sample.c's long way) */
+    p.top_k = 55;
+    p.min_p = 0;
+    p.repeat_last_n = 40;
+    check_draws("sample/draws-top-k-past-the-window", l, V, p, hist, 40, N);
+    /* penalties that raise logits: ids of the window among the lowest of
+     * 2,000 climb into the top 40 (scanned in blocks of 64, the window's ids
+     * after) */
+    int32_t low[24];
+    for (int k = 0, i = 0; k < 24; i++)
+        if (big[i] < -2.5f)
+            low[k++] = i;
+    p = base_params();
+    p.top_k = 40;
+    p.repeat_penalty = 0.25f;
+    p.presence_penalty = -10;
+    p.repeat_last_n = 24;
+    check_draws("sample/draws-penalties-raise-v2000", big, BIG, p, low, 24, N);
     free(l);
     free(big);
 }
@@ -278,6 +296,74 @@ static void check_greedy(void)
     CHECK(sample_next(s, r) == best, "greedy with filters on is the argmax");
     sample_free(s);
     free(r);
+}
+
+/* Greedy against an argmax written here (NaN as -inf, ties to the lowest
+ * id), on vocabularies around sample.c's blocks of 64 logits, with NaNs,
+ * infinities, ties and windows whose penalties lower or raise logits (by
+ * powers of two: the float and double penalties agree exactly). */
+static void check_greedy_scan(void)
+{
+    if (!test_begin("sample/greedy-vs-argmax"))
+        return;
+    static const int sizes[] = { 1, 7, 63, 64, 65, 130, 2000, 5003 };
+    unsigned seed = 77;
+    int checked = 0;
+    for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+        int V = sizes[z];
+        float *l = malloc((size_t)V * sizeof *l);
+        double *pl = malloc((size_t)V * sizeof *pl);
+        int *count = malloc((size_t)V * sizeof *count);
+        for (int trial = 0; trial < 40; trial++) {
+            for (int i = 0; i < V; i++) {
+                float u = test_randf(&seed);
+                /* multiples of 1/8 in [-4, 4): many ties */
+                l[i] = floorf(u * 32) / 8;
+                if (test_randf(&seed) > 0.98f)
+                    l[i] = test_randf(&seed) > 0 ? NAN : -INFINITY;
+            }
+            if (trial % 5 == 0)
+                for (int i = 0; i < V; i++)
+                    l[i] = -INFINITY; /* nothing has any probability: id 0 */
+            struct sample_params p = base_params();
+            p.temp = 0;
+            p.top_k = trial % 3 ? 40 : 0;
+            p.repeat_penalty = trial % 2 ? 2.0f : 0.5f;
+            p.frequency_penalty = trial % 4 < 2 ? 0.25f : -0.25f;
+            p.presence_penalty = trial % 3 == 1 ? -1.0f : 0.5f;
+            p.repeat_last_n = 16;
+            int n_hist = trial % 4 == 3 ? 0 : 1 + trial % 24;
+            int32_t hist[24];
+            struct sampler *s = sample_new(&p, V);
+            for (int i = 0; i < V; i++)
+                count[i] = 0;
+            for (int k = 0; k < n_hist; k++) {
+                hist[k] = (int32_t)((unsigned)(test_randf(&seed) * 1e6f + 1e6f) % (unsigned)V);
+                sample_accept(s, hist[k]);
+            }
+            for (int k = n_hist > 16 ? n_hist - 16 : 0; k < n_hist; k++)
+                count[hist[k]]++;
+            int want = 0;
+            for (int i = 0; i < V; i++) {
+                pl[i] = l[i] == l[i] ? l[i] : -INFINITY;
+                if (count[i])
+                    pl[i] = (pl[i] <= 0 ? pl[i] * p.repeat_penalty : pl[i] / p.repeat_penalty) -
+                            (count[i] * (double)p.frequency_penalty + p.presence_penalty);
+                if (pl[i] > pl[want])
+                    want = i;
+            }
+            int32_t got = sample_next(s, l);
+            sample_free(s);
+            checked++;
+            if (!CHECK(got == want, "V %d, trial %d: greedy took %d (%.3f), the argmax is %d (%.3f)", V, trial,
+                       (int)got, got >= 0 && got < V ? pl[got] : 0.0, want, pl[want]))
+                break;
+        }
+        free(l);
+        free(pl);
+        free(count);
+    }
+    printf("  %d greedy picks, each the argmax\n", checked);
 }
 
 static void check_penalties(void)
@@ -409,6 +495,7 @@ static void check_logprob(void)
 void test_sample(void)
 {
     check_greedy();
+    check_greedy_scan();
     check_penalties();
     check_kept_sets();
     check_seeding();
