@@ -534,6 +534,7 @@ static int cmd_generate(struct opts *o)
     double prompt_ms = now_ms() - t0, decode_ms = 0;
     int reused = model_last_reused(c);
     int n_out = 0, n_decoded = 0, pos = np;
+    double t_loop = now_ms();
     while (n_out < n_max) {
         struct gen_out *g = &out[n_out];
         g->top = tops + (size_t)n_out * (size_t)n_top;
@@ -576,6 +577,7 @@ static int cmd_generate(struct opts *o)
         n_decoded++;
         pos++;
     }
+    double loop_ms = now_ms() - t_loop;
     if (n_out == n_max && n_max < o->n_predict)
         fprintf(stderr, "\nstrata: the context of %d cells is full: generation stopped\n", cells);
     if (o->json) {
@@ -585,9 +587,12 @@ static int cmd_generate(struct opts *o)
         fflush(stdout);
         fputc('\n', stderr);
     }
+    /* decode: the model's steps alone; generated: each token's whole loop
+     * (sampling, output, the step) */
     fprintf(stderr, "prompt: %d tokens (%d from the prefix cache) in %.1f ms (%.1f tok/s); decode: %d tokens "
-            "in %.1f ms (%.1f tok/s)\n", np, reused, prompt_ms, prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0,
-            n_decoded, decode_ms, decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0);
+            "in %.1f ms (%.1f tok/s); generated: %d tokens in %.1f ms (%.1f tok/s)\n", np, reused, prompt_ms,
+            prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0, n_decoded, decode_ms,
+            decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, n_out, loop_ms, loop_ms > 0 ? n_out / (loop_ms / 1e3) : 0);
     rc = ferror(stdout) ? fail("error writing the output") : 0;
 done:
     free(text);
