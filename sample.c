@@ -356,22 +356,83 @@ int32_t sample_next(struct sampler *s, const float *logits)
     return c[n - 1].id; /* only reached through rounding of the last sum */
 }
 
+/* e^x for x <= 0 (NaN: 0) to a few float roundings: n = round(x·log2 e),
+ * r = x - n·ln 2 in two parts (the first's product exact, |r| <= 0.35),
+ * e^r by its Taylor series to r^7 (truncation ~5e-9), 2^n put in the
+ * exponent's bits; 0 below -87, where e^x leaves float's normal range.
+ * Integer masks, no branch, no call: a loop over it vectorises. */
+static inline float exp_le0(float x)
+{
+    union { float f; uint32_t u; } a = {x}, lim = {87.0f}, r;
+    uint32_t mag = a.u & 0x7fffffffu;
+    a.u = 0x80000000u | (mag < lim.u ? mag : lim.u); /* -min(|x|, 87): finite below */
+    int32_t n = (int32_t)(a.f * 1.44269504f - 0.5f); /* <= 0: truncation rounds up */
+    float e = (a.f - (float)n * 0.693359375f) - (float)n * -2.12194440e-4f, p = 1.0f / 5040;
+    p = p * e + 1.0f / 720;
+    p = p * e + 1.0f / 120;
+    p = p * e + 1.0f / 24;
+    p = p * e + 1.0f / 6;
+    p = p * e + 0.5f;
+    p = p * e + 1.0f;
+    p = p * e + 1.0f;
+    union { uint32_t u; float f; } scale = {(uint32_t)(n + 127) << 23};
+    r.f = p * scale.f;
+    r.u &= -(uint32_t)(x >= -87.0f);
+    return r.f;
+}
+
+/* The sum of y[0..SCAN), pairwise (six roundings deep), y overwritten:
+ * loops of fixed length the compiler vectorises. */
+static float block_sum(float *y)
+{
+    for (int i = 0; i < 32; i++)
+        y[i] += y[i + 32];
+    for (int i = 0; i < 16; i++)
+        y[i] += y[i + 16];
+    for (int i = 0; i < 8; i++)
+        y[i] += y[i + 8];
+    return ((y[0] + y[4]) + (y[1] + y[5])) + ((y[2] + y[6]) + (y[3] + y[7]));
+}
+
 float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample_top *top, int n_top)
 {
+    /* the largest logit (NaN never): a block is looked at one by one only
+     * where it beats the largest so far */
     float max = -INFINITY;
-    for (int i = 0; i < n_vocab; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    /* the sum in double: with V ~ 1e5 terms float would lose ~1e-3 relative */
+    for (int i0 = 0; i0 < n_vocab; i0 += SCAN) {
+        int n = n_vocab - i0 < SCAN ? n_vocab - i0 : SCAN;
+        if (n == SCAN && !block_beats(logits + i0, max))
+            continue;
+        for (int i = i0; i < i0 + n; i++)
+            max = logits[i] > max ? logits[i] : max;
+    }
+    /* Σ e^(l - max) (NaN logits as -inf): each block's terms summed in float,
+     * pairwise, the blocks' sums in double (one float sum of V ~ 1e5 terms
+     * would lose ~1e-3 relative) */
     double sum = 0;
-    for (int i = 0; i < n_vocab; i++)
-        sum += exp((double)logits[i] - max);
+    float y[SCAN];
+    for (int i0 = 0; i0 < n_vocab; i0 += SCAN) {
+        int n = n_vocab - i0 < SCAN ? n_vocab - i0 : SCAN;
+        if (n < SCAN) {
+            for (int i = i0; i < i0 + n; i++)
+                sum += exp_le0(logits[i] - max);
+            break;
+        }
+        for (int i = 0; i < SCAN; i++)
+            y[i] = exp_le0(logits[i0 + i] - max);
+        sum += block_sum(y);
+    }
     double lse = max + log(sum);
 
     if (n_top > n_vocab)
         n_top = n_vocab;
     int have = 0;
     for (int i = 0; i < n_vocab && n_top > 0; i++) {
+        /* a full list skips each block of logits none of which beats its last */
+        if (have == n_top && i % SCAN == 0 && i + SCAN <= n_vocab && !block_beats(logits + i, top[have - 1].logprob)) {
+            i += SCAN - 1;
+            continue;
+        }
         float l = logits[i];
         /* ids arrive in increasing order, so a tie never displaces an entry */
         if (have == n_top && !(l > top[have - 1].logprob))

@@ -487,6 +487,27 @@ static void check_logprob(void)
     float lp = sample_logprob(tiny, 3, 0, all, 5);
     CHECK(all[0].id == 1 && all[1].id == 0 && all[2].id == 2, "n_top above V: the V ids in order");
     CHECK(fabsf(lp - (float)(0 - log(2 + exp(1.0)))) < 1e-6f, "3-token logprob");
+    /* sample.c's own e^x, through {0, x}: logprob(0) = -log(1 + e^x) is
+     * ~-e^x for x well below 0, so down to x = -20 (where double's 1 + e^x
+     * still holds e^x to ~1e-7) its relative error is e^x's; below, where a
+     * term weighs under 2e-9 of the sum, the logprob's absolute error */
+    double worst = 0;
+    for (int k = 0; k <= 330; k++) {
+        float two[2] = { 0, -0.3f * k - 0.01f * (k % 7) };
+        double want = -log1p(exp((double)two[1])), got = sample_logprob(two, 2, 0, NULL, 0);
+        if (two[1] >= -20) {
+            double rel = fabs(got - want) / fabs(want);
+            worst = rel > worst ? rel : worst;
+        } else {
+            CHECK(fabs(got - want) < 1e-12, "x = %g: logprob %g, want %g", two[1], got, want);
+        }
+    }
+    printf("  e^x through logprob, x in [-20, 0]: max relative error %.3g\n", worst);
+    CHECK(worst < 5e-7, "e^x relative error %.3g", worst);
+    /* NaN logits weigh nothing, as -inf */
+    float odd[5] = { 0, NAN, -50, 1, -100 };
+    double z5 = 1 + exp(-50.0) + exp(1.0) + exp(-100.0);
+    CHECK(fabs(sample_logprob(odd, 5, 3, NULL, 0) - (1 - log(z5))) < 1e-6, "a NaN logit counts as -inf");
     free(order);
     free(key);
     free(l);
