@@ -117,12 +117,16 @@ void sample_accept(struct sampler *s, int32_t id)
     s->hist_at = (s->hist_at + 1) % w;
 }
 
+static int penalties_on(const struct sample_params *p)
+{
+    return p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+}
+
 /* The distinct ids of the window into s->seen, when any penalty is on
  * (else none); returns how many. */
 static int distinct_seen(struct sampler *s)
 {
-    const struct sample_params *p = &s->p;
-    if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
+    if (!penalties_on(&s->p))
         return 0;
     int n = 0;
     for (int k = 0; k < s->n_hist; k++) {
@@ -145,7 +149,7 @@ static float chain_logit(const struct sampler *s, const float *logits, int32_t i
     const struct sample_params *p = &s->p;
     float l = logits[id] == logits[id] ? logits[id] : -INFINITY;
     int c = s->count[id];
-    if (c == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f))
+    if (c == 0 || !penalties_on(p))
         return l;
     l = l <= 0 ? l * p->repeat_penalty : l / p->repeat_penalty;
     return l - ((float)c * p->frequency_penalty + p->presence_penalty);
@@ -197,16 +201,19 @@ static void select_top_k(struct cand *c, int n, int k)
     }
 }
 
-/* Whether any of l[0..SCAN) is > t (NaN never): a loop of fixed length
- * the compiler vectorises, so that the scans below test SCAN logits at a
- * time and look at each only in a block that beats their threshold. */
+/* The scans below take the logits SCAN at a time and look at each one
+ * only in a block that beats their threshold: how many of the block at
+ * l[i0] to look at, 0 when none of them is > t (NaN never). A loop of
+ * fixed length tests a whole block: the compiler vectorises it. */
 #define SCAN 64
-static int block_beats(const float *l, float t)
+static int block_to_scan(const float *l, int V, int i0, float t)
 {
+    if (V - i0 < SCAN)
+        return V - i0;
     int any = 0;
-    for (int i = 0; i < SCAN; i++)
+    for (int i = i0; i < i0 + SCAN; i++)
         any |= l[i] > t;
-    return any;
+    return any ? SCAN : 0;
 }
 
 /* Greedy: the best id by the chain's logits, ties to the lowest. The ids
@@ -218,16 +225,12 @@ static int32_t best_id(struct sampler *s, const float *logits)
     int V = s->n_vocab, n_seen = distinct_seen(s);
     int32_t best = 0;
     float bl = -INFINITY;
-    for (int i0 = 0; i0 < V; i0 += SCAN) {
-        int n = V - i0 < SCAN ? V - i0 : SCAN;
-        if (n == SCAN && !block_beats(logits + i0, bl))
-            continue;
-        for (int i = i0; i < i0 + n; i++)
+    for (int i0 = 0; i0 < V; i0 += SCAN)
+        for (int i = i0, n = block_to_scan(logits, V, i0, bl); i < i0 + n; i++)
             if (logits[i] > bl && (n_seen == 0 || s->count[i] == 0)) {
                 bl = logits[i];
                 best = i;
             }
-    }
     for (int k = 0; k < n_seen; k++) {
         int32_t id = s->seen[k];
         float l = chain_logit(s, logits, id);
@@ -257,16 +260,12 @@ static int top_k_direct(struct sampler *s, const float *logits, int k)
         return 0;
     for (int j = k / 2 - 1; j >= 0; j--)
         sift_down(c, k, j);
-    for (int i0 = i; i0 < V; i0 += SCAN) {
-        int n = V - i0 < SCAN ? V - i0 : SCAN;
-        if (n == SCAN && !block_beats(logits + i0, c[0].logit))
-            continue;
-        for (int j = i0; j < i0 + n; j++)
+    for (int i0 = i; i0 < V; i0 += SCAN)
+        for (int j = i0, n = block_to_scan(logits, V, i0, c[0].logit); j < i0 + n; j++)
             if (logits[j] > c[0].logit && (n_seen == 0 || s->count[j] == 0)) {
                 c[0] = (struct cand){j, logits[j]};
                 sift_down(c, k, 0);
             }
-    }
     for (int j = 0; j < n_seen; j++) {
         struct cand x = {s->seen[j], chain_logit(s, logits, s->seen[j])};
         if (better(&x, &c[0])) {
@@ -399,13 +398,9 @@ float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample
     /* the largest logit (NaN never): a block is looked at one by one only
      * where it beats the largest so far */
     float max = -INFINITY;
-    for (int i0 = 0; i0 < n_vocab; i0 += SCAN) {
-        int n = n_vocab - i0 < SCAN ? n_vocab - i0 : SCAN;
-        if (n == SCAN && !block_beats(logits + i0, max))
-            continue;
-        for (int i = i0; i < i0 + n; i++)
+    for (int i0 = 0; i0 < n_vocab; i0 += SCAN)
+        for (int i = i0, n = block_to_scan(logits, n_vocab, i0, max); i < i0 + n; i++)
             max = logits[i] > max ? logits[i] : max;
-    }
     /* Σ e^(l - max) (NaN logits as -inf): each block's terms summed in float,
      * pairwise, the blocks' sums in double (one float sum of V ~ 1e5 terms
      * would lose ~1e-3 relative) */
@@ -427,24 +422,22 @@ float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample
     if (n_top > n_vocab)
         n_top = n_vocab;
     int have = 0;
-    for (int i = 0; i < n_vocab && n_top > 0; i++) {
-        /* a full list skips each block of logits none of which beats its last */
-        if (have == n_top && i % SCAN == 0 && i + SCAN <= n_vocab && !block_beats(logits + i, top[have - 1].logprob)) {
-            i += SCAN - 1;
-            continue;
+    /* a full list skips each block none of whose logits beats its last */
+    for (int i0 = 0; i0 < n_vocab && n_top > 0; i0 += SCAN)
+        for (int i = i0, n = have < n_top ? SCAN : block_to_scan(logits, n_vocab, i0, top[have - 1].logprob);
+             i < i0 + n && i < n_vocab; i++) {
+            float l = logits[i];
+            /* ids arrive in increasing order, so a tie never displaces an entry */
+            if (have == n_top && !(l > top[have - 1].logprob))
+                continue;
+            int at = have < n_top ? have++ : n_top - 1;
+            while (at > 0 && l > top[at - 1].logprob) {
+                top[at] = top[at - 1];
+                at--;
+            }
+            top[at].id = i;
+            top[at].logprob = l;
         }
-        float l = logits[i];
-        /* ids arrive in increasing order, so a tie never displaces an entry */
-        if (have == n_top && !(l > top[have - 1].logprob))
-            continue;
-        int at = have < n_top ? have++ : n_top - 1;
-        while (at > 0 && l > top[at - 1].logprob) {
-            top[at] = top[at - 1];
-            at--;
-        }
-        top[at].id = i;
-        top[at].logprob = l;
-    }
     for (int k = 0; k < have; k++)
         top[k].logprob = (float)(top[k].logprob - lse);
     return (float)((double)logits[id] - lse);
