@@ -592,7 +592,8 @@ static int cmd_generate(struct opts *o)
     fprintf(stderr, "prompt: %d tokens (%d from the prefix cache) in %.1f ms (%.1f tok/s); decode: %d tokens "
             "in %.1f ms (%.1f tok/s); generated: %d tokens in %.1f ms (%.1f tok/s)\n", np, reused, prompt_ms,
             prompt_ms > 0 ? np / (prompt_ms / 1e3) : 0, n_decoded, decode_ms,
-            decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, n_out, loop_ms, loop_ms > 0 ? n_out / (loop_ms / 1e3) : 0);
+            decode_ms > 0 ? n_decoded / (decode_ms / 1e3) : 0, n_out, loop_ms,
+            loop_ms > 0 ? n_out / (loop_ms / 1e3) : 0);
     rc = ferror(stdout) ? fail("error writing the output") : 0;
 done:
     free(text);
