@@ -393,7 +393,7 @@ static float block_sum(float *y)
     return ((y[0] + y[4]) + (y[1] + y[5])) + ((y[2] + y[6]) + (y[3] + y[7]));
 }
 
-float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample_top *top, int n_top)
+double sample_lse(const float *logits, int n_vocab)
 {
     /* the largest logit (NaN never): a block is looked at one by one only
      * where it beats the largest so far */
@@ -417,8 +417,12 @@ float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample
             y[i] = exp_le0(logits[i0 + i] - max);
         sum += block_sum(y);
     }
-    double lse = max + log(sum);
+    return max + log(sum);
+}
 
+float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample_top *top, int n_top)
+{
+    double lse = sample_lse(logits, n_vocab);
     if (n_top > n_vocab)
         n_top = n_vocab;
     int have = 0;

@@ -654,19 +654,6 @@ done:
 
 /* ==== perplexity (ARCH.md §5b) ==== */
 
-/* -log softmax(row)[tok], the sum in double */
-static double nll_of(const float *row, int V, int32_t tok)
-{
-    float max = row[0];
-    for (int i = 1; i < V; i++)
-        if (row[i] > max)
-            max = row[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++)
-        sum += exp((double)row[i] - max);
-    return max + log(sum) - row[tok];
-}
-
 static int cmd_perplexity(struct opts *o)
 {
     char err[512];
@@ -735,7 +722,8 @@ static int cmd_perplexity(struct opts *o)
                 goto done;
             }
             for (int r = 0; r < rows && p0 + r < n_ctx - 1; r++) {
-                double v = nll_of(logits + (size_t)r * V, V, chunk[p0 + r + 1]);
+                /* -log softmax(row)[tok] */
+                double v = sample_lse(logits + (size_t)r * V, V) - logits[(size_t)r * V + chunk[p0 + r + 1]];
                 nll += v;
                 nll2 += v * v;
                 count++;

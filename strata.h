@@ -435,6 +435,9 @@ int32_t sample_next(struct sampler *s, const float *logits);
 void sample_accept(struct sampler *s, int32_t id);
 /* log-softmax of the raw logits at id; fills top[0..n_top) highest first. */
 float sample_logprob(const float *logits, int n_vocab, int32_t id, struct sample_top *top, int n_top);
+/* log Σ e^logits (NaN logits count as -inf), in double: logits[id] - it is
+ * sample_logprob's value before rounding. */
+double sample_lse(const float *logits, int n_vocab);
 
 /* ==== synth.c: random-weight models of real shapes ==== */
 
