@@ -10,7 +10,8 @@
  * perplexity against the golden mean NLL (0.2%), every --json stdout
  * parsed as exactly one JSON value by json.c, and the KV options (--kv
  * formats and their bytes per cell, --kv-mem, --prefill-chunk, --device,
- * bench's depth, prefix reuse and batch, q4 refused for a head dim of 16).
+ * bench's depth, prefix reuse, batch and sampling line, q4 refused for a head dim
+ * of 16).
  */
 #include "strata.h"
 #include "test.h"
@@ -500,7 +501,14 @@ static void case_info_bench(void)
     run_free(&r);
     r = run_cli((const char *[]){ "bench", "-m", model, "-p", "32", "-n", "8", "-r", "1", NULL });
     CHECK(r.status == 0 && strstr(r.out, "prompt         32") && strstr(r.out, "decode         8") &&
-          strstr(r.out, "decode/bound"), "bench: %s %s", r.out, r.err);
+          strstr(r.out, "decode/bound") && strstr(r.out, "(the sampling chain on the host: --temp 0.8 --top-k 40"),
+          "bench: %s %s", r.out, r.err);
+    run_free(&r);
+    /* the sampling line takes generate's options */
+    r = run_cli((const char *[]){ "bench", "-m", model, "-p", "0", "-n", "2", "-r", "1", "--temp", "0", "--top-k", "5",
+                                  NULL });
+    CHECK(r.status == 0 && strstr(r.out, "sample ") && strstr(r.out, "--temp 0 --top-k 5 "), "bench --temp: %s %s",
+          r.out, r.err);
     run_free(&r);
 }
 
