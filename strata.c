@@ -654,6 +654,23 @@ done:
 
 /* ==== perplexity (ARCH.md §5b) ==== */
 
+/* -log softmax(row r)[next[r]] for the rows of one evaluated slice, shared
+ * out among the pool's threads (on the GPU these sums are the host's whole
+ * share of a window) */
+struct nll_rows {
+    const float *logits;
+    const int32_t *next;
+    int rows, V;
+    double *v;
+};
+
+static void nll_rows_run(void *arg, int i, int n)
+{
+    const struct nll_rows *j = arg;
+    for (int r = i; r < j->rows; r += n)
+        j->v[r] = sample_lse(j->logits + (size_t)r * j->V, j->V) - j->logits[(size_t)r * j->V + j->next[r]];
+}
+
 static int cmd_perplexity(struct opts *o)
 {
     char err[512];
@@ -664,6 +681,7 @@ static int cmd_perplexity(struct opts *o)
     struct model_ctx *c = NULL;
     int32_t *ids = NULL, *chunk = NULL;
     float *logits = NULL;
+    double *nlls = NULL;
     if (!o->file)
         return fail("perplexity: a text file is required (-f FILE)");
     char *text = input_text(o, "perplexity", &len);
@@ -700,7 +718,8 @@ static int cmd_perplexity(struct opts *o)
         slice = n_ctx - first;
     logits = malloc((size_t)slice * (size_t)V * sizeof *logits);
     chunk = malloc((size_t)n_ctx * sizeof *chunk);
-    if (!logits || !chunk) {
+    nlls = malloc((size_t)slice * sizeof *nlls);
+    if (!logits || !chunk || !nlls) {
         fail("out of memory");
         goto done;
     }
@@ -721,11 +740,12 @@ static int cmd_perplexity(struct opts *o)
                 fail("%s", err);
                 goto done;
             }
-            for (int r = 0; r < rows && p0 + r < n_ctx - 1; r++) {
-                /* -log softmax(row)[tok] */
-                double v = sample_lse(logits + (size_t)r * V, V) - logits[(size_t)r * V + chunk[p0 + r + 1]];
-                nll += v;
-                nll2 += v * v;
+            /* the last position has no next token to score */
+            struct nll_rows job = {logits, chunk + p0 + 1, p0 + rows < n_ctx ? rows : n_ctx - 1 - p0, V, nlls};
+            pool_run(pool, nll_rows_run, &job);
+            for (int r = 0; r < job.rows; r++) {
+                nll += nlls[r];
+                nll2 += nlls[r] * nlls[r];
                 count++;
             }
         }
@@ -754,6 +774,7 @@ done:
     free(ids);
     free(chunk);
     free(logits);
+    free(nlls);
     model_ctx_free(c);
     pool_free(pool);
     model_free(m);
