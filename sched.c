@@ -65,6 +65,8 @@ struct sched {
     float *blog;                 /* (n_slots, V) the decode batch's logits, a row per entry */
     int *bseq, *bslot;           /* (n_slots) the batch's sequences and their slots */
     int32_t *btok;               /* (n_slots) the batch's tokens */
+    int *draw, n_draw;           /* (n_slots) the slots sample_all draws for (draw_run) */
+    int32_t *drawn;              /* (n_slots) their tokens */
     pthread_t thread;
     int started;
     pthread_mutex_t lock;
@@ -258,25 +260,48 @@ static int append(struct sched *s, struct sched_job *j, int32_t id)
 
 /* ==== the scheduler thread ==== */
 
-/* Samples the next token of every decoding slot, oldest job first, and
- * publishes it; the jobs that go on form the batch (bseq, btok, bslot).
- * Returns the batch's size. */
-static int sample_all(struct sched *s)
+/* The draws of sample_all's slots (s->draw[0..n_draw)), each into
+ * s->drawn[k], with its log-probability where asked: shared out among the
+ * pool's threads (each slot's sampler is its own, and only this thread
+ * moves a job's n_ids). */
+static void draw_run(void *arg, int t, int n)
 {
-    int nb = 0;
-    for (int a = 0; a < s->n_slots; a++) {
-        int i = s->age[a];
-        struct slot *sl = &s->slots[i];
+    struct sched *s = arg;
+    for (int k = t; k < s->n_draw; k += n) {
+        struct slot *sl = &s->slots[s->draw[k]];
         struct sched_job *j = sl->job;
-        if (!j || !sl->logits)
-            continue;
         const struct sched_req *q = &j->req;
         int32_t id = sample_next(j->priv->smp, sl->logits);
         if (q->want_lp)
             j->lp[j->n_ids] = sample_logprob(sl->logits, s->V, id, j->top + (size_t)j->n_ids * (size_t)q->n_top,
                                              q->n_top);
-        j->ids[j->n_ids] = id;
         sample_accept(j->priv->smp, id);
+        s->drawn[k] = id;
+    }
+}
+
+/* Samples the next token of every decoding slot, oldest job first, and
+ * publishes it; the jobs that go on form the batch (bseq, btok, bslot).
+ * Returns the batch's size. */
+static int sample_all(struct sched *s)
+{
+    s->n_draw = 0;
+    for (int a = 0; a < s->n_slots; a++) {
+        struct slot *sl = &s->slots[s->age[a]];
+        if (sl->job && sl->logits)
+            s->draw[s->n_draw++] = s->age[a];
+    }
+    if (s->n_draw > 1)
+        pool_run(s->pool, draw_run, s);
+    else
+        draw_run(s, 0, 1);
+    int nb = 0;
+    for (int k = 0; k < s->n_draw; k++) {
+        int i = s->draw[k];
+        struct slot *sl = &s->slots[i];
+        struct sched_job *j = sl->job;
+        int32_t id = s->drawn[k];
+        j->ids[j->n_ids] = id;
         pthread_mutex_lock(&s->lock);
         j->n_ids++;
         if (tok_is_eog(s->tok, id)) {
@@ -535,9 +560,12 @@ int sched_new(struct sched **out, struct model *m, const struct sched_opts *o, c
     s->bseq = malloc(N * sizeof *s->bseq);
     s->bslot = malloc(N * sizeof *s->bslot);
     s->btok = malloc(N * sizeof *s->btok);
+    s->draw = malloc(N * sizeof *s->draw);
+    s->drawn = malloc(N * sizeof *s->drawn);
     s->plog = malloc(N * V * sizeof *s->plog);
     s->blog = malloc(N * V * sizeof *s->blog);
-    if (!s->pool || !s->slots || !s->age || !s->bseq || !s->bslot || !s->btok || !s->plog || !s->blog) {
+    if (!s->pool || !s->slots || !s->age || !s->bseq || !s->bslot || !s->btok || !s->draw || !s->drawn || !s->plog ||
+        !s->blog) {
         strata_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -589,6 +617,8 @@ void sched_free(struct sched *s)
     free(s->age);
     free(s->bseq);
     free(s->bslot);
+    free(s->draw);
+    free(s->drawn);
     free(s->btok);
     free(s->plog);
     free(s->blog);
