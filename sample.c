@@ -6,7 +6,9 @@
  * temperature → a seeded draw. temp <= 0 is greedy: the highest (penalised)
  * logit, ties to the lowest id. Owns its buffers (allocated once in
  * sample_new); never touches the caller's logits; no model code, no I/O.
- * V is the vocabulary size.
+ * Greedy, top-k and the log-probabilities read the logits in blocks of 64
+ * tested at once (vectorised loops): on a GPU a token's sampling is host
+ * time the device waits for. V is the vocabulary size.
  */
 #include "strata.h"
 
