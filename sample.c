@@ -143,6 +143,13 @@ static int distinct_seen(struct sampler *s)
     return n;
 }
 
+/* Whether id's logit is the raw one: no penalty on (n_seen = 0; the counts
+ * are kept all the same), or id not in the window. */
+static int unpenalised(const struct sampler *s, int n_seen, int32_t id)
+{
+    return n_seen == 0 || s->count[id] == 0;
+}
+
 /* A logit as the chain sees it: NaN never wins; an id of the window
  * penalised once (repetition penalty: divides a positive logit, multiplies
  * the others; then frequency and presence). */
@@ -229,7 +236,7 @@ static int32_t best_id(struct sampler *s, const float *logits)
     float bl = -INFINITY;
     for (int i0 = 0; i0 < V; i0 += SCAN)
         for (int i = i0, n = block_to_scan(logits, V, i0, bl); i < i0 + n; i++)
-            if (logits[i] > bl && (n_seen == 0 || s->count[i] == 0)) {
+            if (logits[i] > bl && unpenalised(s, n_seen, i)) {
                 bl = logits[i];
                 best = i;
             }
@@ -256,7 +263,7 @@ static int top_k_direct(struct sampler *s, const float *logits, int k)
     int V = s->n_vocab, n_seen = distinct_seen(s), m = 0, i = 0;
     struct cand *c = s->cand;
     for (; i < V && m < k; i++)
-        if (n_seen == 0 || s->count[i] == 0)
+        if (unpenalised(s, n_seen, i))
             c[m++] = (struct cand){i, chain_logit(s, logits, i)};
     if (m < k)
         return 0;
@@ -264,7 +271,7 @@ static int top_k_direct(struct sampler *s, const float *logits, int k)
         sift_down(c, k, j);
     for (int i0 = i; i0 < V; i0 += SCAN)
         for (int j = i0, n = block_to_scan(logits, V, i0, c[0].logit); j < i0 + n; j++)
-            if (logits[j] > c[0].logit && (n_seen == 0 || s->count[j] == 0)) {
+            if (logits[j] > c[0].logit && unpenalised(s, n_seen, j)) {
                 c[0] = (struct cand){j, logits[j]};
                 sift_down(c, k, 0);
             }
@@ -408,17 +415,14 @@ double sample_lse(const float *logits, int n_vocab)
      * would lose ~1e-3 relative) */
     double sum = 0;
     float y[SCAN];
-    for (int i0 = 0; i0 < n_vocab; i0 += SCAN) {
-        int n = n_vocab - i0 < SCAN ? n_vocab - i0 : SCAN;
-        if (n < SCAN) {
-            for (int i = i0; i < i0 + n; i++)
-                sum += exp_le0(logits[i] - max);
-            break;
-        }
+    int i0 = 0;
+    for (; i0 + SCAN <= n_vocab; i0 += SCAN) {
         for (int i = 0; i < SCAN; i++)
             y[i] = exp_le0(logits[i0 + i] - max);
         sum += block_sum(y);
     }
+    for (int i = i0; i < n_vocab; i++)
+        sum += exp_le0(logits[i] - max);
     return max + log(sum);
 }
 
