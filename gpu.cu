@@ -2488,6 +2488,7 @@ struct gpu_ctx {
     float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
     float *lg_host;        /* pinned (V): one row of logits */
+    float *lg_dev;         /* lg_host's device address, where one row's head writes (NULL: none) */
     void *attn_scratch, *gemm_scratch;
     size_t gemm_scratch_bytes;
     int B;                 /* the most sequences of a batch step: min(T, GF_DECODE_T) */
@@ -3535,8 +3536,16 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     return 0;
 }
 
+/* Where the head writes n rows: one row straight into the pinned row the
+ * host reads (its stores cross the bus while the head still runs; no copy
+ * back after the step), more into c->logits. */
+static float *gf_head_y(const struct gpu_ctx *c, int n)
+{
+    return n == 1 && c->lg_dev ? c->lg_dev : c->logits;
+}
+
 /* The whole pass over c->io's T tokens; the head over rows out0..T-1 into
- * c->logits (none when out0 == T). */
+ * gf_head_y (none when out0 == T). */
 static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errlen)
 {
     const struct gpu_model *g = c->g;
@@ -3555,7 +3564,7 @@ static int gf_forward(struct gpu_ctx *c, int T, int out0, char *err, size_t errl
     int n = T - out0;
     if (n <= 0)
         return 0;
-    struct gf_out head = {&g->output, c->logits, (size_t)V, g->output_b};
+    struct gf_out head = {&g->output, gf_head_y(c, n), (size_t)V, g->output_b};
     c->abt = gf_act_bt(&head, 1, n);
     int rc = gf_act(c->stream, GF_ACT_NORM, c->x + (size_t)out0 * D, NULL, g->output_norm, hp->rms_eps, D, n,
                     c->abt, c->xn, c->aq, c->ads, err, errlen) ||
@@ -3722,6 +3731,8 @@ void gpu_ctx_free(struct gpu_ctx *c)
     free(c);
 }
 
+float *gpu_ctx_logits(struct gpu_ctx *c) { return c->lg_host; }
+
 static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
 {
     GPU_TRY(gpuMalloc(p, bytes ? bytes : 16), err, errlen);
@@ -3836,6 +3847,13 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
         if (e != gpuSuccess)
             rc = strata_errf(err, errlen, "gpuMallocHost: %s", gpuGetErrorString(e));
     }
+    /* (a device that cannot address it copies the row back instead, as
+     * STRATA_GPU_COPY_LOGITS=1 does, for comparisons) */
+    if (!rc && (gf_env("STRATA_GPU_COPY_LOGITS") ||
+                gpuHostGetDevicePointer((void **)&c->lg_dev, c->lg_host, 0) != gpuSuccess)) {
+        c->lg_dev = NULL;
+        (void)gpuGetLastError();
+    }
     if (rc) {
         gpu_ctx_free(c);
         return -1;
@@ -3903,10 +3921,11 @@ int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, 
                            gpuMemcpyHostToDevice, c->stream), err, errlen);
     int out0 = !logits ? n : all_logits ? 0 : n - 1;
     int rc = n == 1 && logits ? gf_decode_graph(c, 1, err, errlen) : gf_forward(c, n, out0, err, errlen);
-    /* one row goes through pinned memory (a truly asynchronous copy) */
+    /* one row lands in the pinned lg_host (written there by the head, else
+     * a truly asynchronous copy), then in logits unless that is lg_host */
     size_t lg_bytes = (size_t)(n - out0) * hp->n_vocab * sizeof(float);
     float *lg_dst = n - out0 == 1 ? c->lg_host : logits;
-    if (!rc && logits)
+    if (!rc && logits && gf_head_y(c, n - out0) == c->logits)
         GPU_TRY(gpuMemcpyAsync(lg_dst, c->logits, lg_bytes, gpuMemcpyDeviceToHost, c->stream), err, errlen);
     gpuError_t e = gpuStreamSynchronize(c->stream);
     if (rc)

@@ -26,6 +26,7 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuSetDevice hipSetDevice
 #define gpuMalloc hipMalloc
 #define gpuMallocHost hipHostMalloc
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 /* HIP 5.2 declares hipError_t [[nodiscard]] (cudaError_t is not): the
  * release calls, which cleanup paths make without a check, drop it here */
 static inline void gpu_hip_drop(hipError_t e) { (void)e; }
@@ -89,6 +90,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMallocHost cudaMallocHost
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuMemcpy cudaMemcpy
 #define gpuMemcpyAsync cudaMemcpyAsync

@@ -47,6 +47,12 @@ int gpu_ctx_new(struct gpu_ctx **c, struct gpu_model *g, struct kv *kv, int max_
 
 void gpu_ctx_free(struct gpu_ctx *c) { (void)c; }
 
+float *gpu_ctx_logits(struct gpu_ctx *c)
+{
+    (void)c;
+    return NULL;
+}
+
 int gpu_eval(struct gpu_ctx *c, int seq, const int32_t *tokens, int n, int pos, float *logits, int all_logits,
              char *err, size_t errlen)
 {

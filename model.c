@@ -543,6 +543,7 @@ struct model_ctx {
     void *arena;                  /* the one allocation every buffer below lives in */
     int *rpos;                    /* (T) position of each row */
     int *rseq;                    /* (T) sequence of each row */
+    float *lrow;                  /* (V) model_ctx_logits's row on the CPU */
     float *x;                     /* (T, D) residual stream */
     float *xn;                    /* (T, D) normed input / block output */
     float *q;                     /* (T, H*E) */
@@ -598,6 +599,7 @@ static void ctx_layout(struct model_ctx *c, struct arena *a)
     size_t gu = T * F > T * U * (size_t)hp->n_ff_exp ? T * F : T * U * (size_t)hp->n_ff_exp;
     c->rpos = carve(a, T * sizeof(int));
     c->rseq = carve(a, T * sizeof(int));
+    c->lrow = carve(a, (size_t)hp->n_vocab * 4);
     c->x = carve(a, T * D * 4);
     c->xn = carve(a, T * D * 4);
     c->q = carve(a, T * HE * 4);
@@ -758,6 +760,7 @@ void model_ctx_free(struct model_ctx *c)
 
 int model_ctx_device(const struct model_ctx *c) { return c->device; }
 int model_ctx_chunk(const struct model_ctx *c) { return c->t_max; }
+float *model_ctx_logits(struct model_ctx *c) { return c->gpu ? gpu_ctx_logits(c->gpu) : c->lrow; }
 struct kv *model_kv(struct model_ctx *c) { return c->kv; }
 int model_last_reused(const struct model_ctx *c) { return c->reused; }
 
@@ -1685,7 +1688,7 @@ struct strata {
     struct pool *pool;
     struct sampler *smp;
     struct sample_params sp;  /* what smp was made with */
-    float *logits;            /* (V) of the last token evaluated */
+    float *logits;            /* (V) of the last token evaluated: the context's row */
     int32_t *hist;            /* (C) the tokens of the sequence */
     int n_past, have_logits;
     char err[256];
@@ -1711,9 +1714,8 @@ struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, cha
         n_threads = nc > 0 ? (int)nc : 1;
     }
     s->pool = pool_new(n_threads);
-    s->logits = malloc((size_t)s->m->hp.n_vocab * sizeof(float));
     s->hist = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!s->pool || !s->logits || !s->hist) {
+    if (!s->pool || !s->hist) {
         strata_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1721,6 +1723,7 @@ struct strata *strata_open(const char *model_path, int n_ctx, int n_threads, cha
     o.n_ctx = n_ctx;
     if (model_ctx_new(&s->c, s->m, &o, s->pool, err, errlen) != 0)
         goto fail;
+    s->logits = model_ctx_logits(s->c);
     return s;
 fail:
     strata_free(s);
@@ -1792,7 +1795,6 @@ void strata_free(struct strata *s)
     model_ctx_free(s->c);
     pool_free(s->pool);
     model_free(s->m);
-    free(s->logits);
     free(s->hist);
     free(s);
 }

@@ -470,7 +470,6 @@ static int cmd_generate(struct opts *o)
     struct model_ctx *c = NULL;
     struct sampler *smp = NULL;
     int32_t *prompt = NULL;
-    float *logits = NULL;
     struct gen_out *out = NULL;
     struct sample_top *tops = NULL;
     char *pbuf = NULL, *pending = NULL;
@@ -513,13 +512,13 @@ static int cmd_generate(struct opts *o)
     /* the last token needs no cell: a full context still yields one more */
     int n_max = o->n_predict < cells - np + 1 ? o->n_predict : cells - np + 1;
     smp = sample_new(&sp, V);
-    logits = malloc((size_t)V * sizeof *logits);
+    float *logits = model_ctx_logits(c);
     out = calloc((size_t)n_max + 1, sizeof *out);
     tops = calloc(((size_t)n_max + 1) * (size_t)(n_top ? n_top : 1), sizeof *tops);
     size_t pcap = 256, pend = 0, pend_cap = 256;
     pbuf = malloc(pcap);
     pending = malloc(pend_cap);
-    if (!smp || !logits || !out || !tops || !pbuf || !pending) {
+    if (!smp || !out || !tops || !pbuf || !pending) {
         fail("out of memory");
         goto done;
     }
@@ -598,7 +597,6 @@ static int cmd_generate(struct opts *o)
 done:
     free(text);
     free(prompt);
-    free(logits);
     free(out);
     free(tops);
     free(pbuf);
@@ -1043,12 +1041,12 @@ static int cmd_bench(struct opts *o)
     toks = malloc(((size_t)np + (size_t)ng + 1) * sizeof *toks);
     pa = malloc(((size_t)nx + (size_t)np + 1) * sizeof *pa);
     pb = malloc(((size_t)nx + (size_t)np + 1) * sizeof *pb);
-    logits = malloc((size_t)V * sizeof *logits);
+    logits = model_ctx_logits(c);
     pp = calloc((size_t)reps, sizeof *pp);
     tg = calloc((size_t)reps, sizeof *tg);
     cold = calloc((size_t)reps, sizeof *cold);
     warm = calloc((size_t)reps, sizeof *warm);
-    if (!fill || !toks || !pa || !pb || !logits || !pp || !tg || !cold || !warm) {
+    if (!fill || !toks || !pa || !pb || !pp || !tg || !cold || !warm) {
         fail("out of memory");
         goto done;
     }
@@ -1189,7 +1187,6 @@ done:
     free(toks);
     free(pa);
     free(pb);
-    free(logits);
     free(pp);
     free(tg);
     free(cold);

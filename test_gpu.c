@@ -708,6 +708,51 @@ static void tg_same(const char *label, const char *path, const char *env)
     tg_same_or_not(label, path, env, 1, 8);
 }
 
+/* One row of logits: the head writes it straight into the pinned row the
+ * host reads; against the same row copied back after the step
+ * (STRATA_GPU_COPY_LOGITS=1), the same kernel's values, bit for bit. And
+ * model_eval into that row (model_ctx_logits) against a row of the
+ * caller's, step by step on two contexts: bit for bit, never a stale row. */
+static void tg_logits_row(void)
+{
+    char path[512], err[256];
+    if (!test_begin_gpu("gpu/logits row written in place by the head = copied back, bit for bit") ||
+        !test_data("tiny-qwen3-Q4_K_M.gguf", path, sizeof path))
+        return;
+    tg_same("tiny-qwen3-Q4_K_M", path, "STRATA_GPU_COPY_LOGITS");
+    struct model *m = NULL;
+    struct model_ctx *c[2] = {NULL, NULL};
+    float *own = NULL;
+    if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s", err))
+        return;
+    int V = model_hp(m)->n_vocab;
+    struct model_opts o = model_opts_default();
+    o.n_ctx = 64, o.device = MODEL_DEV_GPU;
+    own = malloc(sizeof(float) * V);
+    for (int i = 0; i < 2; i++)
+        if (!CHECK(model_ctx_new(&c[i], m, &o, NULL, err, sizeof err) == 0, "model_ctx_new: %s", err))
+            goto done;
+    float *row = model_ctx_logits(c[1]);
+    int32_t ids[12];
+    unsigned seed = 5;
+    for (int i = 0; i < 12; i++)
+        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
+    int differ = 0;
+    for (int i = 0; i < 5; i++) {   /* a prompt of 8, then decode steps */
+        int n = i ? 1 : 8, pos = i ? 7 + i : 0;
+        if (!CHECK(model_eval(c[0], 0, ids + pos, n, pos, own, 0, err, sizeof err) == 0, "eval: %s", err) ||
+            !CHECK(model_eval(c[1], 0, ids + pos, n, pos, row, 0, err, sizeof err) == 0, "eval: %s", err))
+            goto done;
+        differ += memcmp(own, row, sizeof(float) * V) != 0;
+    }
+    CHECK(differ == 0, "%d of 5 steps differ between the context's row and the caller's", differ);
+done:
+    for (int i = 0; i < 2; i++)
+        model_ctx_free(c[i]);
+    free(own);
+    model_free(m);
+}
+
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
  * n_embd wide: the decode step's experts side by side take the Q4_K kernel
  * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
@@ -1092,6 +1137,7 @@ void test_gpu(void)
     tg_moe();
     tg_formats();
     tg_handoff();
+    tg_logits_row();
     tg_auto();
     const char *bench = getenv("STRATA_GPU_BENCH");
     if (bench && strcmp(bench, "mv") == 0)

@@ -739,6 +739,11 @@ static void test_prefix_reuse(void)
     double rms, mx = max_diff(la, lb, 96, &rms);
     printf("     %d cells reused: max abs diff %.2e vs the full evaluation\n", reused, mx);
     CHECK(memcmp(la, lb, 96 * sizeof(float)) == 0, "logits differ from the full evaluation (max %.3e)", mx);
+    /* the same into the context's own row */
+    float *row = model_ctx_logits(fresh);
+    memset(row, 0xff, 96 * sizeof(float));
+    CHECK(model_eval(fresh, 0, b, 180, 0, row, 0, err, sizeof err) == 0 && memcmp(row, la, 96 * sizeof(float)) == 0,
+          "model_ctx_logits's row: %s, not the full evaluation's logits", err);
     /* all_logits asks for every row: nothing is reused */
     float *all = malloc((size_t)180 * 96 * sizeof(float));
     CHECK(model_eval(c, 0, b, 180, 0, all, 1, err, sizeof err) == 0 && model_last_reused(c) == 0,
