@@ -2487,8 +2487,8 @@ struct gpu_ctx {
     int32_t *rope_pg;      /* (T): each token's page */
     float *xs;             /* (T·U, D): the pairs' rows in that order */
     int32_t *io_host;      /* pinned */
-    float *lg_host;        /* pinned (V): one row of logits */
-    float *lg_dev;         /* lg_host's device address, where one row's head writes (NULL: none) */
+    float *lg_host;        /* pinned (1 + B, V): one row's logits, then a batch step's rows */
+    float *lg_dev;         /* lg_host's device address, where the head writes those (NULL: none) */
     void *attn_scratch, *gemm_scratch;
     size_t gemm_scratch_bytes;
     int B;                 /* the most sequences of a batch step: min(T, GF_DECODE_T) */
@@ -3536,12 +3536,15 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     return 0;
 }
 
-/* Where the head writes n rows: one row straight into the pinned row the
- * host reads (its stores cross the bus while the head still runs; no copy
- * back after the step), more into c->logits. */
+/* Where the head writes n rows: one row, or a batch step's rows, straight
+ * into the pinned rows the host reads (row 0; rows 1..n: their stores
+ * cross the bus while the head still runs, and nothing is copied back
+ * after the step); a prompt's rows into c->logits. */
 static float *gf_head_y(const struct gpu_ctx *c, int n)
 {
-    return n == 1 && c->lg_dev ? c->lg_dev : c->logits;
+    if (!c->lg_dev || (n > 1 && !c->rows))
+        return c->logits;
+    return n == 1 && !c->rows ? c->lg_dev : c->lg_dev + c->g->hp.n_vocab;
 }
 
 /* The whole pass over c->io's T tokens; the head over rows out0..T-1 into
@@ -3731,7 +3734,12 @@ void gpu_ctx_free(struct gpu_ctx *c)
     free(c);
 }
 
-float *gpu_ctx_logits(struct gpu_ctx *c) { return c->lg_host; }
+float *gpu_ctx_logits(struct gpu_ctx *c, int *batch)
+{
+    if (batch)
+        *batch = c->B;
+    return c->lg_host;
+}
 
 static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
 {
@@ -3843,7 +3851,7 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
     if (!rc) {
         e = gpuMallocHost((void **)&c->io_host, gf_io_ints(c) * sizeof(int32_t));
         if (e == gpuSuccess)
-            e = gpuMallocHost((void **)&c->lg_host, (size_t)hp->n_vocab * sizeof(float));
+            e = gpuMallocHost((void **)&c->lg_host, (size_t)(1 + c->B) * hp->n_vocab * sizeof(float));
         if (e != gpuSuccess)
             rc = strata_errf(err, errlen, "gpuMallocHost: %s", gpuGetErrorString(e));
     }
@@ -3974,15 +3982,20 @@ int gpu_eval_batch(struct gpu_ctx *c, const int *seqs, const int32_t *tokens, in
             GPU_TRY(gpuMemcpyAsync(gf_rows(c) + off, rows + off, (size_t)(rows[t] / P + 1) * sizeof(int32_t),
                                    gpuMemcpyHostToDevice, c->stream), err, errlen);
         }
+        /* the head writes the rows into lg_host's batch rows (gf_head_y),
+         * else they come back after the step */
         int rc = gf_decode_graph(c, m, err, errlen);
-        if (!rc)
-            GPU_TRY(gpuMemcpyAsync(logits + (size_t)done * V, c->logits, (size_t)m * V * sizeof(float),
-                                   gpuMemcpyDeviceToHost, c->stream), err, errlen);
+        float *dst = logits + (size_t)done * V, *written = c->lg_host + V;
+        size_t bytes = (size_t)m * V * sizeof(float);
+        if (!rc && !c->lg_dev)
+            GPU_TRY(gpuMemcpyAsync(dst, c->logits, bytes, gpuMemcpyDeviceToHost, c->stream), err, errlen);
         gpuError_t e = gpuStreamSynchronize(c->stream);
         if (rc)
             return -1;
         if (e != gpuSuccess)
             return strata_errf(err, errlen, "GPU batch: %s", gpuGetErrorString(e));
+        if (c->lg_dev && dst != written)
+            memcpy(dst, written, bytes);
         done += m;
     }
     return 0;

@@ -47,9 +47,9 @@ int gpu_ctx_new(struct gpu_ctx **c, struct gpu_model *g, struct kv *kv, int max_
 
 void gpu_ctx_free(struct gpu_ctx *c) { (void)c; }
 
-float *gpu_ctx_logits(struct gpu_ctx *c)
+float *gpu_ctx_logits(struct gpu_ctx *c, int *batch)
 {
-    (void)c;
+    (void)c, (void)batch;
     return NULL;
 }
 

@@ -760,7 +760,13 @@ void model_ctx_free(struct model_ctx *c)
 
 int model_ctx_device(const struct model_ctx *c) { return c->device; }
 int model_ctx_chunk(const struct model_ctx *c) { return c->t_max; }
-float *model_ctx_logits(struct model_ctx *c) { return c->gpu ? gpu_ctx_logits(c->gpu) : c->lrow; }
+float *model_ctx_logits(struct model_ctx *c) { return c->gpu ? gpu_ctx_logits(c->gpu, NULL) : c->lrow; }
+
+float *model_ctx_batch_logits(struct model_ctx *c, int *rows)
+{
+    *rows = 0;
+    return c->gpu ? gpu_ctx_logits(c->gpu, rows) + c->m->hp.n_vocab : NULL;
+}
 struct kv *model_kv(struct model_ctx *c) { return c->kv; }
 int model_last_reused(const struct model_ctx *c) { return c->reused; }
 
@@ -1651,6 +1657,9 @@ int model_decode_batch(struct model_ctx *c, const int *seqs, const int32_t *toke
     int V = c->m->hp.n_vocab;
     if (n <= 0 || !logits)
         return strata_errf(err, errlen, "decode batch: %d sequences%s", n, logits ? "" : ", no logits buffer");
+    int rows;
+    if (logits == model_ctx_batch_logits(c, &rows) && n > rows)
+        return strata_errf(err, errlen, "decode batch: %d sequences; the context's rows of logits hold %d", n, rows);
     if (check_tokens(c, tokens, n, err, errlen) != 0)
         return -1;
     if (kv_seqs_check(c->kv, seqs, n, 0, "decode batch", err, errlen) != 0)

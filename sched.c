@@ -62,7 +62,10 @@ struct sched {
     int n_slots;
     int *age;                    /* (n_slots) slot ids, the longest-held job first */
     float *plog;                 /* (n_slots, V) each slot's logits after its prompt */
-    float *blog;                 /* (n_slots, V) the decode batch's logits, a row per entry */
+    float *blog;                 /* (n_slots, V) the decode batch's logits, a row per entry:
+                                    the context's rows where they hold n_slots
+                                    (model_ctx_batch_logits), else blog_own */
+    float *blog_own;
     int *bseq, *bslot;           /* (n_slots) the batch's sequences and their slots */
     int32_t *btok;               /* (n_slots) the batch's tokens */
     int *draw, n_draw;           /* (n_slots) the slots sample_all draws for (draw_run) */
@@ -563,9 +566,7 @@ int sched_new(struct sched **out, struct model *m, const struct sched_opts *o, c
     s->draw = malloc(N * sizeof *s->draw);
     s->drawn = malloc(N * sizeof *s->drawn);
     s->plog = malloc(N * V * sizeof *s->plog);
-    s->blog = malloc(N * V * sizeof *s->blog);
-    if (!s->pool || !s->slots || !s->age || !s->bseq || !s->bslot || !s->btok || !s->draw || !s->drawn || !s->plog ||
-        !s->blog) {
+    if (!s->pool || !s->slots || !s->age || !s->bseq || !s->bslot || !s->btok || !s->draw || !s->drawn || !s->plog) {
         strata_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -583,6 +584,12 @@ int sched_new(struct sched **out, struct model *m, const struct sched_opts *o, c
     mo.prefill_chunk = o->prefill_chunk;
     if (model_ctx_new(&s->ctx, m, &mo, s->pool, err, errlen) != 0)
         goto fail;
+    int rows = 0;
+    s->blog = model_ctx_batch_logits(s->ctx, &rows);
+    if ((size_t)rows < N && !(s->blog = s->blog_own = malloc(N * V * sizeof *s->blog))) {
+        strata_errf(err, errlen, "out of memory");
+        goto fail;
+    }
     s->kv = model_kv(s->ctx);
     kv_seq_free(s->kv, 0); /* model_ctx_new's sequence: each job makes its own */
     s->n_ctx = kv_cfg(s->kv)->n_ctx;
@@ -621,7 +628,7 @@ void sched_free(struct sched *s)
     free(s->drawn);
     free(s->btok);
     free(s->plog);
-    free(s->blog);
+    free(s->blog_own);
     pool_free(s->pool);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->lock);

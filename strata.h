@@ -403,10 +403,14 @@ int model_eval(struct model_ctx *c, int seq, const int32_t *tokens, int n, int p
                float *logits, int all_logits, char *err, size_t errlen);
 /* A row of V floats the context owns, for model_eval's logits of one row:
  * on the GPU page-locked memory the device writes into directly, where a
- * row of the caller's own costs a copy (~25 µs a token on the H200's host
+ * row of the caller's costs a copy (~25 µs a token on the H200's host
  * for a 152K vocabulary). Valid while the context lives; each model_eval
  * into it overwrites it. */
 float *model_ctx_logits(struct model_ctx *c);
+/* The same for model_decode_batch: *rows rows of V (on the GPU 16 at most;
+ * on the CPU none, NULL), for batches of up to *rows sequences. Apart from
+ * model_ctx_logits's row: a model_eval leaves them as they are. */
+float *model_ctx_batch_logits(struct model_ctx *c, int *rows);
 /* Cells the last model_eval took from the prefix cache instead of computing. */
 int model_last_reused(const struct model_ctx *c);
 /* One token for each of n distinct sequences, each at its sequence's end,
@@ -814,8 +818,9 @@ const struct kv_mem *gpu_kv_mem(struct gpu_model *g);
 int gpu_ctx_new(struct gpu_ctx **c, struct gpu_model *g, struct kv *kv, int max_tokens,
                 char *err, size_t errlen);
 void gpu_ctx_free(struct gpu_ctx *c);
-/* The context's pinned row of V logits (model_ctx_logits on the GPU). */
-float *gpu_ctx_logits(struct gpu_ctx *c);
+/* The context's pinned rows of V logits: one row (model_ctx_logits), then
+ * *batch (NULL: not asked) for a batch step (model_ctx_batch_logits). */
+float *gpu_ctx_logits(struct gpu_ctx *c, int *batch);
 /* model_eval on the device: tokens[0..n) (n <= max_tokens) of sequence seq
  * at cells pos..pos+n-1, which the caller has made the sequence's last
  * cells (kv_truncate, kv_append). logits (host): (n, V) if all_logits, else

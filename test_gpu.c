@@ -708,45 +708,71 @@ static void tg_same(const char *label, const char *path, const char *env)
     tg_same_or_not(label, path, env, 1, 8);
 }
 
-/* One row of logits: the head writes it straight into the pinned row the
- * host reads; against the same row copied back after the step
- * (STRATA_GPU_COPY_LOGITS=1), the same kernel's values, bit for bit. And
- * model_eval into that row (model_ctx_logits) against a row of the
- * caller's, step by step on two contexts: bit for bit, never a stale row. */
+/* Logits the head writes straight into the pinned rows the host reads
+ * (one row; a batch step's rows), read in place (model_ctx_logits,
+ * model_ctx_batch_logits), against a context that copies them back after
+ * the step (STRATA_GPU_COPY_LOGITS=1) into rows of the caller's: the same
+ * kernels' values, so bit for bit, step by step (never a stale row). */
 static void tg_logits_row(void)
 {
     char path[512], err[256];
-    if (!test_begin_gpu("gpu/logits row written in place by the head = copied back, bit for bit") ||
+    if (!test_begin_gpu("gpu/logits rows written in place by the head = copied back, bit for bit") ||
         !test_data("tiny-qwen3-Q4_K_M.gguf", path, sizeof path))
         return;
-    tg_same("tiny-qwen3-Q4_K_M", path, "STRATA_GPU_COPY_LOGITS");
+    enum { NS = 3, STEPS = 4 };
     struct model *m = NULL;
     struct model_ctx *c[2] = {NULL, NULL};
     float *own = NULL;
     if (!CHECK(model_load(&m, path, err, sizeof err) == 0, "%s", err))
         return;
-    int V = model_hp(m)->n_vocab;
+    int V = model_hp(m)->n_vocab, rows = 0;
     struct model_opts o = model_opts_default();
-    o.n_ctx = 64, o.device = MODEL_DEV_GPU;
-    own = malloc(sizeof(float) * V);
-    for (int i = 0; i < 2; i++)
-        if (!CHECK(model_ctx_new(&c[i], m, &o, NULL, err, sizeof err) == 0, "model_ctx_new: %s", err))
-            goto done;
-    float *row = model_ctx_logits(c[1]);
-    int32_t ids[12];
+    o.n_ctx = 64, o.n_seq = NS, o.device = MODEL_DEV_GPU;
+    own = malloc(sizeof(float) * NS * V);
+    setenv("STRATA_GPU_COPY_LOGITS", "1", 1);
+    int ok = CHECK(model_ctx_new(&c[0], m, &o, NULL, err, sizeof err) == 0, "model_ctx_new: %s", err);
+    unsetenv("STRATA_GPU_COPY_LOGITS");
+    ok = ok && CHECK(model_ctx_new(&c[1], m, &o, NULL, err, sizeof err) == 0, "model_ctx_new: %s", err);
+    float *row = ok ? model_ctx_logits(c[1]) : NULL, *brows = ok ? model_ctx_batch_logits(c[1], &rows) : NULL;
+    ok = ok && CHECK(row && brows && rows >= NS, "the context's rows: %d", rows);
+    int32_t ids[NS][16];
     unsigned seed = 5;
-    for (int i = 0; i < 12; i++)
-        ids[i] = (int32_t)(test_rand(&seed) % (unsigned)V);
-    int differ = 0;
-    for (int i = 0; i < 5; i++) {   /* a prompt of 8, then decode steps */
-        int n = i ? 1 : 8, pos = i ? 7 + i : 0;
-        if (!CHECK(model_eval(c[0], 0, ids + pos, n, pos, own, 0, err, sizeof err) == 0, "eval: %s", err) ||
-            !CHECK(model_eval(c[1], 0, ids + pos, n, pos, row, 0, err, sizeof err) == 0, "eval: %s", err))
-            goto done;
-        differ += memcmp(own, row, sizeof(float) * V) != 0;
+    for (int i = 0; i < NS; i++)
+        for (int j = 0; j < 16; j++)
+            ids[i][j] = (int32_t)(test_rand(&seed) % (unsigned)V);
+    int differ = 0, seqs[NS] = {0};
+    /* each sequence: a prompt of 8, then (sequence 0) one-row steps */
+    for (int i = 0; ok && i < NS; i++)
+        for (int st = 0; ok && st < (i ? 1 : 1 + STEPS); st++)
+            for (int k = 0; ok && k < 2; k++) {
+                if (i && !st && (seqs[i] = kv_seq_new(model_kv(c[k]), err, sizeof err)) < 0)
+                    ok = CHECK(0, "kv_seq_new: %s", err);
+                int n = st ? 1 : 8, pos = st ? 7 + st : 0;
+                ok = ok && CHECK(model_eval(c[k], seqs[i], ids[i] + pos, n, pos, k ? row : own, 0, err,
+                                            sizeof err) == 0, "eval: %s", err);
+                differ += ok && k && memcmp(own, row, sizeof(float) * V) != 0;
+            }
+    CHECK(differ == 0, "%d one-row evaluations differ between the context's row and the caller's", differ);
+    /* then all NS a step, each at its own end */
+    differ = 0;
+    for (int st = 0; ok && st < STEPS; st++) {
+        int32_t tok[NS];
+        for (int i = 0; i < NS; i++)
+            tok[i] = ids[i][(st + 3 * i) % 16];
+        for (int k = 0; ok && k < 2; k++)
+            ok = CHECK(model_decode_batch(c[k], seqs, tok, NS, k ? brows : own, err, sizeof err) == 0,
+                       "batch: %s", err);
+        differ += ok && memcmp(own, brows, sizeof(float) * NS * V) != 0;
     }
-    CHECK(differ == 0, "%d of 5 steps differ between the context's row and the caller's", differ);
-done:
+    CHECK(differ == 0, "%d of %d batch steps differ between the context's rows and the caller's", differ, STEPS);
+    /* more sequences than the rows hold: refused before anything runs */
+    int32_t many[17] = {0};
+    int sq[17] = {0};
+    err[0] = 0;
+    CHECK(!ok || rows > 16 ||
+              (model_decode_batch(c[1], sq, many, rows + 1, brows, err, sizeof err) != 0 &&
+               strstr(err, "rows of logits")),
+          "a batch past the context's rows: got \"%s\"", err);
     for (int i = 0; i < 2; i++)
         model_ctx_free(c[i]);
     free(own);
