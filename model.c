@@ -526,6 +526,8 @@ struct mm_cursor {
     char pad[56];      /* one cache line per thread */
 };
 
+#define CTX_BATCH_ROWS 16 /* model_ctx_batch_logits's rows on the CPU at most (the GPU's: 16) */
+
 struct model_ctx {
     struct model *m;
     struct pool *pool;
@@ -543,7 +545,9 @@ struct model_ctx {
     void *arena;                  /* the one allocation every buffer below lives in */
     int *rpos;                    /* (T) position of each row */
     int *rseq;                    /* (T) sequence of each row */
-    float *lrow;                  /* (V) model_ctx_logits's row on the CPU */
+    float *lrow;                  /* (1 + batch_rows, V) on the CPU: model_ctx_logits's
+                                     row, then model_ctx_batch_logits's */
+    int batch_rows;               /* the sequences, at most CTX_BATCH_ROWS */
     float *x;                     /* (T, D) residual stream */
     float *xn;                    /* (T, D) normed input / block output */
     float *q;                     /* (T, H*E) */
@@ -599,7 +603,7 @@ static void ctx_layout(struct model_ctx *c, struct arena *a)
     size_t gu = T * F > T * U * (size_t)hp->n_ff_exp ? T * F : T * U * (size_t)hp->n_ff_exp;
     c->rpos = carve(a, T * sizeof(int));
     c->rseq = carve(a, T * sizeof(int));
-    c->lrow = carve(a, (size_t)hp->n_vocab * 4);
+    c->lrow = carve(a, (1 + (size_t)c->batch_rows) * hp->n_vocab * 4);
     c->x = carve(a, T * D * 4);
     c->xn = carve(a, T * D * 4);
     c->q = carve(a, T * HE * 4);
@@ -690,6 +694,8 @@ static int ctx_buffers(struct model_ctx *c, char *err, size_t errlen)
     size_t tile = (size_t)MM_ROWS * width, gemm = (m->max_gemm_scratch + 3) / 4;
     c->tscratch_n = ((tile > gemm ? tile : gemm) + 15) & ~(size_t)15;
     c->pack_bytes = (size_t)(c->t_max + 15) / 16 * m->max_pack16;
+    int n_seq = kv_cfg(c->kv)->n_seq;
+    c->batch_rows = n_seq < CTX_BATCH_ROWS ? n_seq : CTX_BATCH_ROWS;
     struct arena a = {NULL, 0};
     ctx_layout(c, &a);
     a.base = calloc(1, a.used);
@@ -764,8 +770,8 @@ float *model_ctx_logits(struct model_ctx *c) { return c->gpu ? gpu_ctx_logits(c-
 
 float *model_ctx_batch_logits(struct model_ctx *c, int *rows)
 {
-    *rows = 0;
-    return c->gpu ? gpu_ctx_logits(c->gpu, rows) + c->m->hp.n_vocab : NULL;
+    *rows = c->batch_rows;
+    return (c->gpu ? gpu_ctx_logits(c->gpu, rows) : c->lrow) + c->m->hp.n_vocab;
 }
 struct kv *model_kv(struct model_ctx *c) { return c->kv; }
 int model_last_reused(const struct model_ctx *c) { return c->reused; }

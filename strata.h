@@ -407,9 +407,10 @@ int model_eval(struct model_ctx *c, int seq, const int32_t *tokens, int n, int p
  * for a 152K vocabulary). Valid while the context lives; each model_eval
  * into it overwrites it. */
 float *model_ctx_logits(struct model_ctx *c);
-/* The same for model_decode_batch: *rows rows of V (on the GPU 16 at most;
- * on the CPU none, NULL), for batches of up to *rows sequences. Apart from
- * model_ctx_logits's row: a model_eval leaves them as they are. */
+/* The same for model_decode_batch: *rows rows of V (16 on the GPU; on the
+ * CPU the context's sequences, 16 at most), for batches of up to *rows
+ * sequences. Apart from model_ctx_logits's row: a model_eval leaves them as
+ * they are. */
 float *model_ctx_batch_logits(struct model_ctx *c, int *rows);
 /* Cells the last model_eval took from the prefix cache instead of computing. */
 int model_last_reused(const struct model_ctx *c);

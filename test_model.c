@@ -673,9 +673,14 @@ static void test_decode_batch(void)
             if (!CHECK(forks[i] >= 0, "fork: %s", err))
                 goto done;
         }
-        memset(lb, 0xff, (size_t)NB * 128 * sizeof(float));
-        if (!CHECK(model_decode_batch(c, seqs, next, n, lb, err, sizeof err) == 0, "batch: %s", err))
+        /* the second pass into the context's own rows (model_ctx_batch_logits) */
+        int rows = 0;
+        float *rl = model_ctx_batch_logits(c, &rows), *dst = pass ? rl : lb;
+        memset(dst, 0xff, (size_t)n * 128 * sizeof(float));
+        if (!CHECK(rows == 2 * NB, "the context's rows: %d", rows) ||
+            !CHECK(model_decode_batch(c, seqs, next, n, dst, err, sizeof err) == 0, "batch: %s", err))
             goto done;
+        memcpy(lb, dst, (size_t)n * e.V * sizeof(float));
         for (int i = 0; i < n; i++) {
             CHECK(kv_seq_len(kv, seqs[i]) == 10 + 7 * i, "sequence %d holds %d cells", i, kv_seq_len(kv, seqs[i]));
             if (!CHECK(model_eval(c, forks[i], &next[i], 1, 9 + 7 * i, ls + (size_t)i * e.V, 0, err, sizeof err) == 0,
@@ -703,6 +708,12 @@ static void test_decode_batch(void)
     CHECK(model_decode_batch(c, bad, next, 2, lb, err, sizeof err) != 0 && strstr(err, "no sequence"),
           "an unknown sequence was accepted: %s", err);
     CHECK(kv_seq_len(kv, 0) == 0, "a refused batch changed sequence 0");
+    /* more sequences than the context's rows hold, into them: refused */
+    int rows = 0, many[2 * NB + 1] = {0};
+    float *rl = model_ctx_batch_logits(c, &rows);
+    int32_t mt[2 * NB + 1] = {0};
+    CHECK(model_decode_batch(c, many, mt, rows + 1, rl, err, sizeof err) != 0 && strstr(err, "rows of logits"),
+          "a batch past the context's %d rows: %s", rows, err);
 done:
     free(lb), free(ls);
     model_ctx_free(c);
