@@ -3542,9 +3542,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
  * after the step); a prompt's rows into c->logits. */
 static float *gf_head_y(const struct gpu_ctx *c, int n)
 {
-    if (!c->lg_dev || (n > 1 && !c->rows))
+    if (!c->lg_dev)
         return c->logits;
-    return n == 1 && !c->rows ? c->lg_dev : c->lg_dev + c->g->hp.n_vocab;
+    if (c->rows)
+        return c->lg_dev + c->g->hp.n_vocab;
+    return n == 1 ? c->lg_dev : c->logits;
 }
 
 /* The whole pass over c->io's T tokens; the head over rows out0..T-1 into

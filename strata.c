@@ -1083,10 +1083,11 @@ static int cmd_bench(struct opts *o)
         bt = malloc((size_t)B * sizeof *bt);
         /* the context's rows where they hold the batch (the server's choice too) */
         int rows = 0;
-        float *ctx_rows = model_ctx_batch_logits(c, &rows);
-        lb = rows >= B ? NULL : malloc((size_t)B * V * sizeof *lb);
+        float *bl = model_ctx_batch_logits(c, &rows);
+        if (rows < B)
+            bl = lb = malloc((size_t)B * V * sizeof *lb);
         tgb = calloc((size_t)reps, sizeof *tgb);
-        if (!seqs || !bt || (!lb && rows < B) || !tgb) {
+        if (!seqs || !bt || !bl || !tgb) {
             fail("out of memory");
             goto done;
         }
@@ -1102,7 +1103,7 @@ static int cmd_bench(struct opts *o)
             for (int i = 0; i < ng; i++) {
                 for (int b = 0; b < B; b++)
                     bt[b] = toks[(np + i + b) % (np + ng + 1)];
-                if (model_decode_batch(c, seqs, bt, B, lb ? lb : ctx_rows, err, sizeof err) != 0) {
+                if (model_decode_batch(c, seqs, bt, B, bl, err, sizeof err) != 0) {
                     fail("bench --batch: %s", err);
                     goto done;
                 }
