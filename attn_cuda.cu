@@ -1962,13 +1962,8 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
             return -1;
     }
     ak_split(g->max_cells, a.K * Z, sms, per_sm, AK_SPLIT_MAX, &S, &a.plen);
-    int fill = cf.dyn && ak_env("STRATA_X_FILL");   /* experiment: the wave's partitions, sized by steps */
-    if (fill) {
-        int w = (per_sm * sms + a.K * Z - 1) / (a.K * Z);
-        S = w < AK_SPLIT_MAX ? w : AK_SPLIT_MAX;
-    }
     a.S = S;
-    a.unit = cf.dyn ? cs * (fill ? 1 : nw) : 0;
+    a.unit = cf.dyn ? cs * nw : 0;
     ak_partials(g, &a, a.unit && S < AKD_WARP_PARTS ? AKD_WARP_PARTS : S);   /* room for akd_parts' */
     a.pgreg = cf.pgreg;
     a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
