@@ -676,7 +676,7 @@ static void test_decode_batch(void)
         /* the second pass into the context's own rows (model_ctx_batch_logits) */
         int rows = 0;
         float *rl = model_ctx_batch_logits(c, &rows), *dst = pass ? rl : lb;
-        memset(dst, 0xff, (size_t)n * 128 * sizeof(float));
+        memset(dst, 0xff, (size_t)n * e.V * sizeof(float));
         if (!CHECK(rows == 2 * NB, "the context's rows: %d", rows) ||
             !CHECK(model_decode_batch(c, seqs, next, n, dst, err, sizeof err) == 0, "batch: %s", err))
             goto done;
