@@ -20,6 +20,8 @@
 # shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K and Q8_0 at one; ncu-mv: Nsight
 # Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8, 30b-q4k,
 # 30b-q4km, 30b-q8, batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
+# serve (strata serve --parallel N on the 8B Q4_K, N concurrent completions of 256 tokens by
+# curl, the wall time; SERVE_N, default "8 16"),
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
 # `make cuda TRACE=1 CUDA_ARCH=90 MARCH=x86-64-v3` leaves that measuring build in ./strata; strip and
 # gzip it there; the timelines, and the same step block by block, go to $OUT; TRACE_SHAPES picks the
@@ -83,6 +85,30 @@ batch() { # several sequences decoding together (bench --batch), the 8B shape at
     done
 }
 
+serve() { # the server's parallel streams end to end: N concurrent completions of 256 tokens (8B Q4_K)
+    local m=$T/serve.gguf
+    $S synth --shape qwen3-8b --type q4_k -o "$m" >/dev/null || return
+    for n in ${SERVE_N:-8 16}; do
+        $S serve -m "$m" --device gpu --parallel $n --port 18080 -c 1024 >"$T/serve.log" 2>&1 &
+        local pid=$!
+        for _ in $(seq 300); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 0.2; done
+        for len in 32 256; do   # (the first round captures the graphs)
+            local t0=$(date +%s.%N)
+            for i in $(seq $n); do
+                curl -s http://127.0.0.1:18080/v1/completions -H 'Content-Type: application/json' -d \
+                    "{\"prompt\": \"Story $i: once upon a time\", \"max_tokens\": $len, \"seed\": $i}" \
+                    -o "$T/serve.$i.json" &
+            done
+            wait $(jobs -p | grep -v "^$pid$")
+            [ $len = 256 ] && cat "$T"/serve.*.json | grep -o '"completion_tokens":[0-9]*' | cut -d: -f2 |
+                awk -v n=$n -v t0=$t0 -v t1=$(date +%s.%N) '{ s += $1 } END {
+                    printf "serve --parallel %d: %d tokens in %.2f s, %.1f tok/s\n", n, s, t1 - t0, s / (t1 - t0) }'
+        done
+        kill $pid; wait $pid 2>/dev/null
+    done
+    rm -f "$m" "$T"/serve.*.json
+}
+
 trace() { # one decode step's timeline (a TRACE=1 build), 8B and 30B-A3B Q4_K at 512 cells
     local m=$T/trace.gguf st=$T/strata-trace args=${TRACE_ARGS:-"-d 512 -c 1024"}
     gunzip -c "$D/strata-trace.gz" >"$st" && chmod +x "$st" || return
@@ -138,6 +164,7 @@ for step in "$@"; do
     30b-q4km) bench_model q30b-q4km qwen3-30b-a3b q4_k_m ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;
     batch) batch ;;
+    serve) serve ;;
     trace) trace ;;
     sweep) sweep ;;
     *) echo "gpu-bench.sh: unknown step $step" >&2; exit 2 ;;
