@@ -547,7 +547,7 @@ struct model_ctx {
     int *rseq;                    /* (T) sequence of each row */
     float *lrow;                  /* (1 + batch_rows, V) on the CPU: model_ctx_logits's
                                      row, then model_ctx_batch_logits's */
-    int batch_rows;               /* the sequences, at most CTX_BATCH_ROWS */
+    int batch_rows;               /* on the CPU: the sequences, at most CTX_BATCH_ROWS */
     float *x;                     /* (T, D) residual stream */
     float *xn;                    /* (T, D) normed input / block output */
     float *q;                     /* (T, H*E) */
@@ -770,8 +770,10 @@ float *model_ctx_logits(struct model_ctx *c) { return c->gpu ? gpu_ctx_logits(c-
 
 float *model_ctx_batch_logits(struct model_ctx *c, int *rows)
 {
+    if (c->gpu)
+        return gpu_ctx_logits(c->gpu, rows) + c->m->hp.n_vocab;
     *rows = c->batch_rows;
-    return (c->gpu ? gpu_ctx_logits(c->gpu, rows) : c->lrow) + c->m->hp.n_vocab;
+    return c->lrow + c->m->hp.n_vocab;
 }
 struct kv *model_kv(struct model_ctx *c) { return c->kv; }
 int model_last_reused(const struct model_ctx *c) { return c->reused; }
