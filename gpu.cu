@@ -597,6 +597,7 @@ struct gf_mv {
      * weighted sum in one). */
     int ne;
     const float *sw;
+    int pair;   /* a norm-handing product's blocks in pairs (gf_pair_meet) */
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -1064,15 +1065,68 @@ static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float
 
 enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* a column-sliced kernel's part in a handed-on norm (gf_mv.nw, .ss) */
 
+/* A norm-handing product's blocks in pairs (gf_mv.pair: a thread block
+ * cluster of two, CUDA sm_90): each GF_AB rows are two blocks' work, the
+ * first half's and the second's, so that a product of few such groups (the
+ * 30B-A3B's experts' down: 64) streams on twice the SMs. At the end the
+ * second block hands its rows to the first's shared memory, which forms
+ * their block of x·w as one block would: the same sums, bit for bit. Every
+ * thread arrives at the pair's barrier as the kernel starts and waits there
+ * before the handing-over, so that neither writes into the other's shared
+ * memory before it runs. */
+static __device__ __forceinline__ void gf_pair_begin(const gf_mv &p)
+{
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (p.pair)
+        asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#else
+    (void)p;
+#endif
+}
+
+/* The pair's meeting at the product's end (every thread of both blocks):
+ * whether this block forms its GF_AB rows' norm block, with the second
+ * block's rows now in xo[GF_AB / 2 ..] (the first of a pair; any block
+ * without pairs). */
+static __device__ __forceinline__ bool gf_pair_meet(const gf_mv &p, float *xo)
+{
+#if defined(GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!p.pair)
+        return true;
+    unsigned rank, lane = threadIdx.x % GPU_WARP;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("barrier.cluster.wait;" ::: "memory");   /* both blocks run */
+    if (rank == 1 && threadIdx.x < GPU_WARP) {
+        gpu_syncwarp();   /* (the rows were stored by this warp's lanes) */
+        if (lane >= GF_AB / 2 && lane < GF_AB) {
+            unsigned a = (unsigned)__cvta_generic_to_shared(xo + lane), r;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(a));
+            asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(xo[lane]) : "memory");
+        }
+    }
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+    return rank == 0;
+#else
+    (void)p, (void)xo;
+    return true;
+#endif
+}
+
 /* A column-sliced kernel's tiles of RT rows: every gridDim.x-th from
  * blockIdx.x, or, where it hands on a norm, its block's GF_AB rows one after
- * the other (the grid: a block for each GF_AB rows). */
+ * the other (the grid: a block for each GF_AB rows), or its half of them
+ * (pairs). Returns the first row of the block's first tile, or of its GF_AB
+ * rows where it hands on a norm. */
 template <int NORM, int RT>
-static __device__ __forceinline__ void gf_block_tiles(int tiles, int *tile, int *step, int *end)
+static __device__ __forceinline__ int gf_block_tiles(const gf_mv &p, int tiles, int *tile, int *step, int *end)
 {
     *tile = blockIdx.x, *step = gridDim.x, *end = tiles;
-    if (NORM == GF_NORM_OUT)
-        *tile = blockIdx.x * (GF_AB / RT), *step = 1, *end = min(*tile + GF_AB / RT, tiles);
+    if (NORM != GF_NORM_OUT)
+        return *tile * RT;
+    gf_pair_begin(p);
+    int group = blockIdx.x >> p.pair, per = (GF_AB / RT) >> p.pair;
+    *tile = group * (GF_AB / RT) + (blockIdx.x & p.pair) * per, *step = 1, *end = min(*tile + per, tiles);
+    return group * GF_AB;
 }
 
 /* A norm-handing block's norm weight for lane's row of its GF_AB rows from
@@ -1088,10 +1142,10 @@ static __device__ __forceinline__ float gf_block_norm_w(const gf_mv &p, int r0, 
 /* A norm-handing block's end: warp 0, whose first RT threads stored the
  * block's rows from r0 into xo round by round, hands them on (gf_norm_out;
  * nw: the norm weight of lane's row, read at the start). */
-static __device__ __forceinline__ void gf_block_norm_out(const gf_mv &p, int r0, int total, const float *xo, float nw)
+static __device__ __forceinline__ void gf_block_norm_out(const gf_mv &p, int r0, int total, float *xo, float nw)
 {
     int lane = threadIdx.x % GPU_WARP;
-    if (threadIdx.x >= GPU_WARP || r0 >= total)
+    if (!gf_pair_meet(p, xo) || threadIdx.x >= GPU_WARP || r0 >= total)
         return;
     gpu_syncwarp();   /* (the rows were stored by this warp's lanes) */
     gf_norm_out(p, r0, lane < GF_AB ? xo[lane] : 0.0f, nw);
@@ -1148,9 +1202,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     int4 wh[R][UL], wq[R][UL][2];
     /* the block's tiles: every gridDim.x-th from blockIdx.x; a block's GF_AB
      * rows one after the other where it hands on a norm */
-    int tile, step, end;
-    gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
-    float nw = gf_block_norm_w<NORM>(p, tile * RT, total);
+    int tile, step, end, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
+    float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
@@ -1180,7 +1233,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
      * ahead: its round trip overlaps a round's work rather than following
      * the round's barrier on the writing warp, which the next barrier waits
      * for */
-    int writer = threadIdx.x < RT, r0 = tile * RT;
+    int writer = threadIdx.x < RT;
     float yo = writer && tile < end ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
     float scale = NORM == GF_NORM_IN && warp == 0 ? gf_ss_scale(p) : 1.0f;   /* (the writers are warp 0's) */
     __shared__ float xo[GF_AB];   /* a norm handed on: the block's rows as stored */
@@ -1210,7 +1263,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
         float y = gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, scale);
         if (NORM == GF_NORM_OUT && writer)
-            xo[round * RT + threadIdx.x] = y;
+            xo[tile * RT - r0 + threadIdx.x] = y;
         yo = yn;
 #pragma unroll
         for (int j = 0; j < R; j++)
@@ -1460,9 +1513,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         return (int)((uintptr_t)s & 15);
     };
     int4 v[NVL];
-    int tile, step, end, o = 0;
-    gf_block_tiles<NORM, RT>(tiles, &tile, &step, &end);
-    int r0 = tile * RT;
+    int tile, step, end, o = 0, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)
         o = fetch(tile * RT + sub, v);
@@ -1523,7 +1574,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
         float y = gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, scale);
         if (NORM == GF_NORM_OUT && writer)
-            xo[round * RT + threadIdx.x] = y;
+            xo[tile * RT - r0 + threadIdx.x] = y;
         yo = yn;
     }
     if (NORM == GF_NORM_OUT)
@@ -2831,6 +2882,17 @@ static int gf_sms(void)
     return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
+/* the device's SMs, and in *per_sm the blocks of k an SM holds (asked
+ * once; left 0 if the query fails) */
+static int gf_per_sm(void (*k)(gf_mv), int threads, int smem, int *per_sm)
+{
+    int sms = gf_sms(), b = 0;
+    if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
+        b > 0)
+        *per_sm = b;
+    return sms;
+}
+
 /* The column-sliced kernels' grid: one wave of the blocks of kernel k
  * resident at once (*per_sm: how many an SM holds, asked once) over the
  * groups, at most a block a tile. (Rounded up: the 30B-A3B's gate/up
@@ -2839,21 +2901,41 @@ static int gf_sms(void)
  * group; the launch's own error check reports a broken device.) */
 static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int tiles)
 {
-    int sms = gf_sms(), b = 0;
-    if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
-        b > 0)
-        *per_sm = b;
+    int sms = gf_per_sm(k, threads, smem, per_sm);
     int blocks = *per_sm ? (sms * *per_sm + groups - 1) / groups : 1;
     return dim3(blocks < tiles ? blocks : tiles, groups);
 }
 
 /* A column-sliced kernel's grid: a block for each GF_AB rows where it hands
- * on a norm, else one wave (gf_wave) over tiles of rt rows */
+ * on a norm, or two (p->pair, gf_pair_meet: CUDA sm_90, where twice the
+ * blocks are still one wave; STRATA_GPU_NO_PAIRS=1: one, the same sums),
+ * else one wave (gf_wave) over tiles of rt rows */
 template <int NORM>
-static dim3 gf_sliced_grid(void (*k)(gf_mv), int threads, int smem, int *per_sm, int groups, int total, int rt)
+static dim3 gf_sliced_grid(void (*k)(gf_mv), int threads, int smem, int *per_sm, gf_mv *p, int groups, int rt)
 {
-    return NORM == GF_NORM_OUT ? dim3((total + GF_AB - 1) / GF_AB, groups)
-                               : gf_wave(k, threads, smem, per_sm, groups, (total + rt - 1) / rt);
+    int total = p->end[p->parts - 1], blocks = (total + GF_AB - 1) / GF_AB;
+    if (NORM != GF_NORM_OUT)
+        return gf_wave(k, threads, smem, per_sm, groups, (total + rt - 1) / rt);
+    p->pair = 0;
+#ifdef GPU_CUDA
+    int arch = 0, sms = 0;
+    if (gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 90 && !gf_env("STRATA_GPU_NO_PAIRS")) {
+        sms = gf_per_sm(k, threads, smem, per_sm);
+        p->pair = 2 * blocks * groups <= sms * *per_sm;
+    }
+#endif
+    return dim3(blocks << p->pair, groups);
+}
+
+/* a column-sliced kernel's launch, its blocks in clusters of two where
+ * they pair */
+static void gf_launch_sliced(void (*k)(gf_mv), dim3 grid, int threads, int smem, gpuStream_t s, const gf_mv &p)
+{
+#ifdef GPU_CUDA
+    (void)gpu_launch_cl(k, grid, threads, smem, s, gf_pdl_ok(), 1 + p.pair, p);
+#else
+    (void)gpu_launch(k, grid, threads, smem, s, 0, p);
+#endif
 }
 
 template <int UL, int NORM>
@@ -2861,9 +2943,9 @@ static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
-    int total = p.end[p.parts - 1];
-    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], groups, total, rt);
-    gf_launch(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, p);
+    gf_mv q = p;
+    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], &q, groups, rt);
+    gf_launch_sliced(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, q);
 }
 
 template <int UL>
@@ -2888,12 +2970,13 @@ template <class F, int UL, int NORM>
 static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM>;
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S), total = p.end[p.parts - 1];
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S);
     static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
     if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
         asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
-    dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], groups, total, GF_MVK_SUB);
-    gf_launch(k, grid, threads, smem, s, p);
+    gf_mv q = p;
+    dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], &q, groups, GF_MVK_SUB);
+    gf_launch_sliced(k, grid, threads, smem, s, q);
 }
 
 /* the staged formats with a handed-on norm's forms (gf_hand_takes): Q6_K

@@ -340,25 +340,42 @@ static inline gpuError_t gpu_device_facts(int *arch, int *sms)
     return gpuSuccess;
 }
 
+/* Launches k, with programmatic dependent launch (pdl) and in clusters of
+ * cl blocks along x (CUDA sm_90+; cl 1: none) where asked; plainly
+ * elsewhere (HIP: pdl and cl must be 0 and 1 there). */
+template <typename... P, typename... A>
+static inline gpuError_t gpu_launch_cl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int pdl,
+                                       int cl, A... args)
+{
+#ifdef GPU_CUDA
+    if (pdl || cl > 1) {
+        cudaLaunchAttribute at[2] = {};
+        int n = 0;
+        if (pdl) {
+            at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[n++].val.programmaticStreamSerializationAllowed = 1;
+        }
+        if (cl > 1) {
+            at[n].id = cudaLaunchAttributeClusterDimension;
+            at[n].val.clusterDim.x = (unsigned)cl, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = 1;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+        cfg.attrs = at, cfg.numAttrs = n;
+        return cudaLaunchKernelEx(&cfg, k, (P)args...);
+    }
+#else
+    (void)pdl, (void)cl;
+#endif
+    k<<<grid, block, smem, s>>>((P)args...);
+    return gpuGetLastError();
+}
+
 template <typename... P, typename... A>
 static inline gpuError_t gpu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int pdl,
                                     A... args)
 {
-#ifdef GPU_CUDA
-    if (pdl) {
-        cudaLaunchAttribute at = {};
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-        cfg.attrs = &at, cfg.numAttrs = 1;
-        return cudaLaunchKernelEx(&cfg, k, (P)args...);
-    }
-#else
-    (void)pdl;
-#endif
-    k<<<grid, block, smem, s>>>((P)args...);
-    return gpuGetLastError();
+    return gpu_launch_cl(k, grid, block, smem, s, pdl, 1, args...);
 }
 
 /* The error convention of strata.h for a runtime call. */

@@ -830,6 +830,8 @@ static void tg_moe(void)
     if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
         return;
     tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_NORM_ROUTER");
+    /* its experts' down in pairs of blocks (sm_90), as one block a group */
+    tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_PAIRS");
     /* a 12-token prompt: the decode kernels with T = 12 */
     tg_random_model("qwen3moe-synth-Q4_K n_embd=256", path, 12);
     /* a prompt chunk whose T·U expert groups exceed one launch: a clear error naming the option */
@@ -1061,7 +1063,9 @@ static void tg_formats(void)
  * form at one unit a lane, two slices: gf_hand_slices); Q4_K_M of 4 layers,
  * whose layers 2 and 3 hold a Q6_K v and down (synth's rule for the layers
  * of more bits): a Q4_K down hands to a q/k/v of two launches, a Q6_K down
- * to the next. */
+ * to the next. On sm_90 these products' few blocks (16 groups of 32 rows)
+ * run in pairs (gf_pair_meet): the logits bit for bit with
+ * STRATA_GPU_NO_PAIRS=1's block a group. */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
@@ -1089,6 +1093,7 @@ static void tg_handoff(void)
         unsetenv("STRATA_GPU_NO_HANDOFF");
         snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
         tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
+        tg_same(label, path, "STRATA_GPU_NO_PAIRS");
         remove(path);
     }
 }
