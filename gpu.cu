@@ -1009,7 +1009,8 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
  * round's partial sums meet in shared memory and are added in slice order
  * (deterministic). The grid is sized to the resident blocks and walks the
  * row tiles; a product that hands on a norm (gf_mv.nw) runs a block for
- * each 32 rows instead, which writes their int8 block at its end.
+ * each 32 rows instead (or a pair, gf_pair_meet), which writes their int8
+ * block at its end.
  * (Quantising the activation in each block instead of in gf_act_kernel
  * before it was tried: slower on the H200, BENCH.md.) */
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
@@ -1201,7 +1202,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     }
     int4 wh[R][UL], wq[R][UL][2];
     /* the block's tiles: every gridDim.x-th from blockIdx.x; a block's GF_AB
-     * rows one after the other where it hands on a norm */
+     * rows (or their half, in pairs) one after the other where it hands on a norm */
     int tile, step, end, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */

@@ -340,9 +340,9 @@ static inline gpuError_t gpu_device_facts(int *arch, int *sms)
     return gpuSuccess;
 }
 
-/* Launches k, with programmatic dependent launch (pdl) and in clusters of
- * cl blocks along x (CUDA sm_90+; cl 1: none) where asked; plainly
- * elsewhere (HIP: pdl and cl must be 0 and 1 there). */
+/* Launches k, with programmatic dependent launch (pdl) and in thread block
+ * clusters of cl blocks along x (cl 1: none) where asked: CUDA sm_90+ only;
+ * HIP has neither and launches plainly. */
 template <typename... P, typename... A>
 static inline gpuError_t gpu_launch_cl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, int pdl,
                                        int cl, A... args)
