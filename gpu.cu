@@ -598,13 +598,6 @@ struct gf_mv {
     int ne;
     const float *sw;
     int pair;   /* a norm-handing product's blocks in pairs (gf_pair_meet) */
-    /* SwiGLU handed on (a one-token Q4_K gate and up, parts 0 and 1, that
-     * read a handed-on norm): each block takes 32 rows of gate and the same
-     * 32 of up and writes silu(gate)·up's int8 block into gq/gds, as the
-     * SwiGLU activation kernel would, so that none runs before the down
-     * product (gf_block_glu_out) */
-    int8_t *gq;
-    gf_ads *gds;
 };
 
 /* Experts side by side: block b (blk columns in bytes bytes) of group g's
@@ -1071,9 +1064,7 @@ static __device__ __forceinline__ void gf_norm_out(const gf_mv &p, int r0, float
         p.nds[r0 / GF_AB] = sc, p.nss[r0 / GF_AB] = ss;
 }
 
-/* a column-sliced kernel's part in a handed-on norm (gf_mv.nw, .ss); GLU:
- * it takes one in and hands SwiGLU's blocks on (gf_mv.gq) */
-enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN, GF_NORM_GLU };
+enum { GF_NORM_NONE, GF_NORM_OUT, GF_NORM_IN };   /* a column-sliced kernel's part in a handed-on norm (gf_mv.nw, .ss) */
 
 /* A norm-handing product's blocks in pairs (gf_mv.pair: a thread block
  * cluster of two, CUDA sm_90): each GF_AB rows are two blocks' work, the
@@ -1125,53 +1116,18 @@ static __device__ __forceinline__ bool gf_pair_meet(const gf_mv &p, float *xo)
 /* A column-sliced kernel's tiles of RT rows: every gridDim.x-th from
  * blockIdx.x, or, where it hands on a norm, its block's GF_AB rows one after
  * the other (the grid: a block for each GF_AB rows), or its half of them
- * (pairs), or where it hands SwiGLU on, its 2·GF_AB rows of gf_glu_row's
- * order. Returns the first row of the block's first tile, or of its GF_AB
- * rows where it hands on a norm (2·GF_AB: SwiGLU). */
+ * (pairs). Returns the first row of the block's first tile, or of its GF_AB
+ * rows where it hands on a norm. */
 template <int NORM, int RT>
 static __device__ __forceinline__ int gf_block_tiles(const gf_mv &p, int tiles, int *tile, int *step, int *end)
 {
     *tile = blockIdx.x, *step = gridDim.x, *end = tiles;
-    if (NORM == GF_NORM_GLU) {   /* tiles in gf_glu_row's order: the block's 32 rows of gate, then of up */
-        *tile = blockIdx.x * (2 * GF_AB / RT), *step = 1, *end = *tile + 2 * GF_AB / RT;
-        return blockIdx.x * 2 * GF_AB;
-    }
     if (NORM != GF_NORM_OUT)
         return *tile * RT;
     gf_pair_begin(p);
     int group = blockIdx.x >> p.pair, per = (GF_AB / RT) >> p.pair;
     *tile = group * (GF_AB / RT) + (blockIdx.x & p.pair) * per, *step = 1, *end = min(*tile + per, tiles);
     return group * GF_AB;
-}
-
-/* The first row of the tile from row v of a column-sliced kernel's order:
- * itself, or where SwiGLU is handed on (GLU) each 64 rows of that order
- * are 32 of gate (part 0) and the same 32 of up (part 1); a tile (4 or 8
- * rows) lies within one of them. */
-template <int NORM>
-static __device__ __forceinline__ int gf_glu_row(const gf_mv &p, int v)
-{
-    return NORM != GF_NORM_GLU ? v : (v >> 6) * GF_AB + (v & (GF_AB - 1)) + (v & GF_AB ? p.end[0] : 0);
-}
-
-/* A SwiGLU-handing block's end (GLU): warp 0, whose first RT threads
- * stored its 32 rows of gate into xo[0..31] and of up into xo[32..63],
- * writes silu(gate)·up's int8 block b, as gf_act_kernel would from the
- * rows in memory (the same arithmetic, bit for bit). */
-static __device__ __forceinline__ void gf_block_glu_out(const gf_mv &p, int b, const float *xo)
-{
-    int lane = threadIdx.x % GPU_WARP;
-    if (threadIdx.x >= GPU_WARP)
-        return;
-    gpu_syncwarp();   /* (the rows were stored by this warp's lanes) */
-    float g = lane < GF_AB ? xo[lane] : 0.0f, u = lane < GF_AB ? xo[GF_AB + lane] : 0.0f;
-    float v[1] = {__fmul_rn(g / (1.0f + expf(-g)), u)};
-    int q[1];
-    gf_ads sc = gq_q8_act<1>(v, q);
-    if (lane < GF_AB)
-        p.gq[b * GF_AB + lane] = (int8_t)q[0];
-    if (lane == 0)
-        p.gds[b] = sc;
 }
 
 /* A norm-handing block's norm weight for lane's row of its GF_AB rows from
@@ -1250,7 +1206,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     int tile, step, end, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
-        gf_mvk_fetch<UL, R>(p, gf_glu_row<NORM>(p, tile * RT) + sub * R, total, uo, ub, wh, wq);
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     gf_pdl_begin();
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     float uw[UL];   /* the units' expert weights (1 but side by side) */
@@ -1261,7 +1217,7 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
         uo[k] = p.ne ? gf_expert_block(p, g, ub[k] >> 2, 256, 144, &uw[k]) : uo[k] + eo;
     }
     if (p.ids && tile < tiles)
-        gf_mvk_fetch<UL, R>(p, gf_glu_row<NORM>(p, tile * RT) + sub * R, total, uo, ub, wh, wq);
+        gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
     int4 xa[UL][4];
     gf_ads xs[UL][2];
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -1279,18 +1235,16 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
      * the round's barrier on the writing warp, which the next barrier waits
      * for */
     int writer = threadIdx.x < RT;
-    float yo = writer && tile < end ? gf_mv_old(p, g, gf_glu_row<NORM>(p, tile * RT) + threadIdx.x, total) : 0.0f;
-    float scale = (NORM == GF_NORM_IN || NORM == GF_NORM_GLU) && warp == 0 ? gf_ss_scale(p)
-                                                                           : 1.0f;   /* (the writers are warp 0's) */
-    __shared__ float xo[2 * GF_AB];   /* a norm or SwiGLU handed on: the block's rows as stored */
+    float yo = writer && tile < end ? gf_mv_old(p, g, tile * RT + threadIdx.x, total) : 0.0f;
+    float scale = NORM == GF_NORM_IN && warp == 0 ? gf_ss_scale(p) : 1.0f;   /* (the writers are warp 0's) */
+    __shared__ float xo[GF_AB];   /* a norm handed on: the block's rows as stored */
     for (int round = 0; tile < end; tile += step, round++) {
         int4 nh[R][UL], nq[R][UL][2];
         float yn = 0.0f;
         if (tile + step < end) {
-            int rn = gf_glu_row<NORM>(p, (tile + step) * RT);
-            gf_mvk_fetch<UL, R>(p, rn + sub * R, total, uo, ub, nh, nq);
+            gf_mvk_fetch<UL, R>(p, (tile + step) * RT + sub * R, total, uo, ub, nh, nq);
             if (writer)
-                yn = gf_mv_old(p, g, rn + threadIdx.x, total);
+                yn = gf_mv_old(p, g, (tile + step) * RT + threadIdx.x, total);
         }
         float acc[R];
 #pragma unroll
@@ -1308,8 +1262,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
                 part[round & 1][slice][sub * R + j] = sum;
         }
         __syncthreads();   /* one barrier a round: the next round writes the other half of part */
-        float y = gf_slices_store(p, part[round & 1], S, g, gf_glu_row<NORM>(p, tile * RT), total, yo, scale);
-        if ((NORM == GF_NORM_OUT || NORM == GF_NORM_GLU) && writer)
+        float y = gf_slices_store(p, part[round & 1], S, g, tile * RT, total, yo, scale);
+        if (NORM == GF_NORM_OUT && writer)
             xo[tile * RT - r0 + threadIdx.x] = y;
         yo = yn;
 #pragma unroll
@@ -1320,8 +1274,6 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     }
     if (NORM == GF_NORM_OUT)
         gf_block_norm_out(p, r0, total, xo, nw);
-    if (NORM == GF_NORM_GLU)
-        gf_block_glu_out(p, blockIdx.x, xo);
 }
 
 /* ==== the decode kernel of the other formats: staged rows, the activation in registers ====
@@ -2579,7 +2531,6 @@ struct gpu_ctx {
     float *nss;
     const float *hand_w;
     int handed;
-    int glu;               /* the gate/up product being queued hands SwiGLU on (gf_mv.gq; gf_glu_begin) */
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
@@ -2956,8 +2907,7 @@ static dim3 gf_wave(void (*k)(gf_mv), int threads, int smem, int *per_sm, int gr
     return dim3(blocks < tiles ? blocks : tiles, groups);
 }
 
-/* A column-sliced kernel's grid: a block for each GF_AB rows of gate and
- * of up where it hands SwiGLU on (GLU); a block for each GF_AB rows where it hands
+/* A column-sliced kernel's grid: a block for each GF_AB rows where it hands
  * on a norm, or two (p->pair, gf_pair_meet: CUDA sm_90, where twice the
  * blocks are still one wave; STRATA_GPU_NO_PAIRS=1: one, the same sums),
  * else one wave (gf_wave) over tiles of rt rows */
@@ -2965,8 +2915,6 @@ template <int NORM>
 static dim3 gf_sliced_grid(void (*k)(gf_mv), int threads, int smem, int *per_sm, gf_mv *p, int groups, int rt)
 {
     int total = p->end[p->parts - 1], blocks = (total + GF_AB - 1) / GF_AB;
-    if (NORM == GF_NORM_GLU)
-        return dim3(p->end[0] / GF_AB, groups);
     if (NORM != GF_NORM_OUT)
         return gf_wave(k, threads, smem, per_sm, groups, (total + rt - 1) / rt);
     p->pair = 0;
@@ -3004,9 +2952,7 @@ static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 template <int UL>
 static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    if (p.gq)
-        gf_mvk_launch_n<UL, GF_NORM_GLU>(p, groups, S, s);
-    else if (p.nw)
+    if (p.nw)
         gf_mvk_launch_n<UL, GF_NORM_OUT>(p, groups, S, s);
     else if (p.ss)
         gf_mvk_launch_n<UL, GF_NORM_IN>(p, groups, S, s);
@@ -3244,8 +3190,6 @@ static void gf_mv_hand(struct gpu_ctx *c, gf_mv *p)
         p->nw = c->hand_w, p->nq = c->nq, p->nds = c->nds, p->nss = c->nss;
     if (c->handed)
         p->aq = c->nq, p->ads = c->nds, p->ss = c->nss, p->ss_n = p->n / GF_AB, p->eps = c->g->hp.rms_eps;
-    if (c->glu)   /* (SwiGLU's blocks where the activation kernel would write them: down reads them there) */
-        p->gq = c->aq, p->gds = c->ads;
 }
 
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
@@ -3574,22 +3518,6 @@ static void gf_hand_end(struct gpu_ctx *c)
     c->handed = c->hand_w != NULL, c->hand_w = NULL;
 }
 
-/* Whether one token's gate/up product (gate and up: parts 0 and 1 of one
- * gf_mvk_kernel launch), reading a handed-on norm, hands SwiGLU's int8
- * blocks on to the down product instead of the activation kernel between
- * them (gf_mv.gq): the same blocks, bit for bit, for a down product that
- * reads int8 blocks (no float copy is written); STRATA_GPU_NO_GLU=1 keeps
- * the kernel. Sets c->glu for the product's launch. */
-static int gf_glu_begin(struct gpu_ctx *c, const struct gf_layer *ly, int T)
-{
-    int UL, S, dt = ly->down.type;
-    c->glu = T == 1 && !c->rows && c->handed && ly->gate.type == QT_Q4_K && ly->up.type == QT_Q4_K &&
-             ly->gate.n == ly->up.n && ly->gate.ldw == ly->up.ldw && ly->gate.rows == ly->up.rows &&
-             ly->gate.rows % GF_AB == 0 && gf_mvk_takes(QT_Q4_K, ly->gate.n, &UL, &S) &&
-             (dt == QT_Q4_K || dt == QT_Q6_K || dt == QT_Q8_0) && !gf_env("STRATA_GPU_NO_GLU");
-    return c->glu;
-}
-
 /* One layer over the chunk's T rows (tokens already embedded in c->x). */
 static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
 {
@@ -3643,11 +3571,9 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     const struct gf_layer *nx = il + 1 < hp->n_layer ? &c->g->layers[il + 1] : NULL;
     const struct gf_mat *qkvm[3] = {nx ? &nx->wq : NULL, nx ? &nx->wk : NULL, nx ? &nx->wv : NULL};
     if (!ly->moe) {
-        int glu = gf_glu_begin(c, ly, T), rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen);
-        c->glu = 0;
-        rc = rc || (gf_mark(c, GF_ST_GATE_UP), 0) || (c->abt = gf_act_bt(&down, 1, T), 0) ||
-                 (!glu &&
-                  gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen)) ||
+        int rc = gf_matmul_n(c, gu, 2, c->xn, T, 0, err, errlen) || (gf_mark(c, GF_ST_GATE_UP), 0) ||
+                 (c->abt = gf_act_bt(&down, 1, T), 0) ||
+                 gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, F, T, c->abt, c->gt, c->aq, c->ads, err, errlen) ||
                  (gf_mark(c, GF_ST_SWIGLU), 0) ||
                  (gf_hand_begin(c, ly->down.type, ly->down.n, 0, nx ? nx->attn_norm : NULL, qkvm, 3, T),
                   gf_matmul_n(c, &down, 1, c->gt, T, 1, err, errlen)) ? -1 : 0;

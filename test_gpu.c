@@ -1065,10 +1065,7 @@ static void tg_formats(void)
  * of more bits): a Q4_K down hands to a q/k/v of two launches, a Q6_K down
  * to the next. On sm_90 these products' few blocks (16 groups of 32 rows)
  * run in pairs (gf_pair_meet): the logits bit for bit with
- * STRATA_GPU_NO_PAIRS=1's block a group. The Q4_K gate/up (Q4_K and Q4_K_M
- * models), reading the norm wo hands on, hands SwiGLU's int8 blocks to the
- * down product itself (gf_mv.gq): bit for bit with STRATA_GPU_NO_GLU=1's
- * activation kernel. */
+ * STRATA_GPU_NO_PAIRS=1's block a group. */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
@@ -1097,8 +1094,6 @@ static void tg_handoff(void)
         snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
         tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
         tg_same(label, path, "STRATA_GPU_NO_PAIRS");
-        if (i != 1)
-            tg_same(label, path, "STRATA_GPU_NO_GLU");
         remove(path);
     }
 }
