@@ -781,6 +781,17 @@ struct gf_mv1_shape {
     };
 };
 
+/* a float another block of the same kernel wrote (after its fence): read
+ * past L1 (HIP: a device-scope fence already leaves L1 nothing stale) */
+static __device__ __forceinline__ float gf_ld_l2(const float *p)
+{
+#ifdef GPU_CUDA
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
 /* a weight byte read once: evict it first (the activation stays in L1) */
 static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
 {
@@ -2306,7 +2317,7 @@ static __device__ __forceinline__ void gf_route_block(const float *x, int X, int
             float v[GF_ACT_NV];
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
-                v[k] = __ldcg(x + min(e0 + k * GPU_WARP, X - 1));
+                v[k] = gf_ld_l2(x + min(e0 + k * GPU_WARP, X - 1));
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
                 if (e0 + k * GPU_WARP < X)
