@@ -781,26 +781,17 @@ struct gf_mv1_shape {
     };
 };
 
-/* a float another block of the same kernel wrote (after its fence): read
- * past L1 (HIP: a device-scope fence already leaves L1 nothing stale) */
-static __device__ __forceinline__ float gf_ld_l2(const float *p)
-{
+/* Loads with CUDA's cache hints (HIP: plain loads). GF_LD_STREAM: a weight
+ * byte read once, evicted first (the activation stays in L1). GF_LD_L2: a
+ * value another block of the same kernel wrote before its fence, read past
+ * L1 (on HIP a device-scope fence leaves L1 nothing stale). */
 #ifdef GPU_CUDA
-    return __ldcg(p);
+#define GF_LD_STREAM(p) __ldcs(p)
+#define GF_LD_L2(p) __ldcg(p)
 #else
-    return *p;
+#define GF_LD_STREAM(p) (*(p))
+#define GF_LD_L2(p) (*(p))
 #endif
-}
-
-/* a weight byte read once: evict it first (the activation stays in L1) */
-static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
-{
-#ifdef GPU_CUDA
-    return __ldcs(p);
-#else
-    return *p;
-#endif
-}
 
 /* Chunk k of a row: its nbk blocks, the first of them block kb of the
  * activation's row, at byte off from the row's start, weighted by wt (1
@@ -841,7 +832,7 @@ static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_s
 #pragma unroll
         for (int i = 0; i < gf_mv1_shape<Q>::NVL; i++)
             if (lane + i * GPU_WARP < nvec)
-                v[j][i] = gf_ld_stream(a + lane + i * GPU_WARP);
+                v[j][i] = GF_LD_STREAM(a + lane + i * GPU_WARP);
     }
 }
 
@@ -1177,9 +1168,9 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
 #pragma unroll
         for (int k = 0; k < UL; k++) {
             const int4 *b = (const int4 *)(w + uo[k]);
-            h[j][k] = gf_ld_stream(b);
-            q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
-            q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
+            h[j][k] = GF_LD_STREAM(b);
+            q[j][k][0] = GF_LD_STREAM(b + 1 + 2 * (ub[k] & 3));
+            q[j][k][1] = GF_LD_STREAM(b + 2 + 2 * (ub[k] & 3));
         }
     }
 }
@@ -1521,7 +1512,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
 #pragma unroll
         for (int i = 0; i < NVL; i++)
             if (lane + i * GPU_WARP < nv)
-                v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
+                v[i] = GF_LD_STREAM(a + lane + i * GPU_WARP);
         return (int)((uintptr_t)s & 15);
     };
     int4 v[NVL];
@@ -1636,7 +1627,7 @@ struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each p
     int2 q[4];
     __device__ void fetch(const uint8_t *row, int u, int c) {
         const uint8_t *b = row + (size_t)u * 144;
-        h = gf_ld_stream((const int4 *)b);
+        h = GF_LD_STREAM((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
             q[pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
@@ -2317,7 +2308,7 @@ static __device__ __forceinline__ void gf_route_block(const float *x, int X, int
             float v[GF_ACT_NV];
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
-                v[k] = gf_ld_l2(x + min(e0 + k * GPU_WARP, X - 1));
+                v[k] = GF_LD_L2(x + min(e0 + k * GPU_WARP, X - 1));
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
                 if (e0 + k * GPU_WARP < X)
