@@ -781,17 +781,15 @@ struct gf_mv1_shape {
     };
 };
 
-/* Loads with CUDA's cache hints (HIP: plain loads). GF_LD_STREAM: a weight
- * byte read once, evicted first (the activation stays in L1). GF_LD_L2: a
- * value another block of the same kernel wrote before its fence, read past
- * L1 (on HIP a device-scope fence leaves L1 nothing stale). */
+/* a weight byte read once: evict it first (the activation stays in L1) */
+static __device__ __forceinline__ int4 gf_ld_stream(const int4 *p)
+{
 #ifdef GPU_CUDA
-#define GF_LD_STREAM(p) __ldcs(p)
-#define GF_LD_L2(p) __ldcg(p)
+    return __ldcs(p);
 #else
-#define GF_LD_STREAM(p) (*(p))
-#define GF_LD_L2(p) (*(p))
+    return *p;
 #endif
+}
 
 /* Chunk k of a row: its nbk blocks, the first of them block kb of the
  * activation's row, at byte off from the row's start, weighted by wt (1
@@ -832,7 +830,7 @@ static __device__ __forceinline__ void gf_mv1_fetch(int4 (&v)[GF_MV1_R][gf_mv1_s
 #pragma unroll
         for (int i = 0; i < gf_mv1_shape<Q>::NVL; i++)
             if (lane + i * GPU_WARP < nvec)
-                v[j][i] = GF_LD_STREAM(a + lane + i * GPU_WARP);
+                v[j][i] = gf_ld_stream(a + lane + i * GPU_WARP);
     }
 }
 
@@ -1168,9 +1166,9 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
 #pragma unroll
         for (int k = 0; k < UL; k++) {
             const int4 *b = (const int4 *)(w + uo[k]);
-            h[j][k] = GF_LD_STREAM(b);
-            q[j][k][0] = GF_LD_STREAM(b + 1 + 2 * (ub[k] & 3));
-            q[j][k][1] = GF_LD_STREAM(b + 2 + 2 * (ub[k] & 3));
+            h[j][k] = gf_ld_stream(b);
+            q[j][k][0] = gf_ld_stream(b + 1 + 2 * (ub[k] & 3));
+            q[j][k][1] = gf_ld_stream(b + 2 + 2 * (ub[k] & 3));
         }
     }
 }
@@ -1512,7 +1510,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
 #pragma unroll
         for (int i = 0; i < NVL; i++)
             if (lane + i * GPU_WARP < nv)
-                v[i] = GF_LD_STREAM(a + lane + i * GPU_WARP);
+                v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
         return (int)((uintptr_t)s & 15);
     };
     int4 v[NVL];
@@ -1627,7 +1625,7 @@ struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each p
     int2 q[4];
     __device__ void fetch(const uint8_t *row, int u, int c) {
         const uint8_t *b = row + (size_t)u * 144;
-        h = GF_LD_STREAM((const int4 *)b);
+        h = gf_ld_stream((const int4 *)b);
 #pragma unroll
         for (int pr = 0; pr < 4; pr++)
             q[pr] = __ldcs((const int2 *)(b + 16 + 32 * pr + 8 * c));
@@ -2025,6 +2023,61 @@ __global__ void __launch_bounds__(GF_ACT_THREADS) gf_act_kernel(const float *x, 
     gf_act_store(v, ok, i4, row, n, yf, q, ds, bt);
 }
 
+/* ==== MoE decode: the FFN's RMSNorm and the router in one kernel ====
+ * One token, an F32 router of X rows: block e forms the whole normalised
+ * row itself (every block the same sum) and the router's logit e. The
+ * norm takes gf_act_kernel's steps in its thread layout and the logit
+ * gf_mvrow_kernel's sums in their order, so both come out bit for bit as
+ * those two kernels wrote them; block e writes the row's int8 blocks j
+ * with j % X == e (and f32 into yf) for the experts. The norm's and the
+ * router row's weights load before the wait. Against the two kernels: a
+ * kernel boundary and an L2 round trip fewer on a MoE layer's chain. */
+#define GF_NR_PER 8   /* float4 a thread holds: rows up to 8 · 4 · GF_ACT_THREADS = 8192 wide */
+static_assert(GF_ACT_THREADS == GF_ROW_THREADS, "gf_norm_router_kernel sums a logit in gf_mvrow_kernel's layout");
+
+__global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const float *x, const float *nw, float eps,
+                                                                        const float *wr, size_t ldw, int n,
+                                                                        float *router, float *yf, int8_t *q,
+                                                                        gf_ads *ds)
+{
+    GPU_TRACE(GT_NORM_ROUTER);
+    int e = blockIdx.x, n4 = n / 4;
+    const float4 *w4 = (const float4 *)((const uint8_t *)wr + (size_t)e * ldw), *g4 = (const float4 *)nw;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 g[GF_NR_PER], w[GF_NR_PER], xv[GF_NR_PER];
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        g[k] = i4 < n4 ? g4[i4] : zero;
+        w[k] = i4 < n4 ? w4[i4] : zero;
+    }
+    gf_pdl_begin();
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        xv[k] = i4 < n4 ? ((const float4 *)x)[i4] : zero;
+    }
+    double s = 0;   /* a thread's squares in gf_act_kernel's order */
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++)
+        s += gf_sq4(xv[k]);
+    float scale = gf_rms_scale(gf_block_sum(s), n, eps), acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < GF_NR_PER; k++) {
+        int i4 = threadIdx.x + k * GF_ACT_THREADS;
+        if (k * GF_ACT_THREADS >= n4)   /* (the whole block alike) */
+            break;
+        float v[4];
+        gf_rms_apply(xv[k], scale, g[k], v);
+        if (i4 < n4)   /* gf_f32::dotf's sum */
+            acc += w[k].x * v[0] + w[k].y * v[1] + w[k].z * v[2] + w[k].w * v[3];
+        gf_act_store(v, i4 < n4 && (int)(i4 / (GF_AB / 4)) % (int)gridDim.x == e, i4, 0, n, yf, q, ds, 0);
+    }
+    float sum = gf_block_sumf<GF_ACT_THREADS>(acc);
+    if (threadIdx.x == 0)
+        router[e] = sum;
+}
+
 /* ==== embeddings: a row of any supported type, 16 elements a thread at a time ==== */
 
 __global__ void gf_embed_kernel(const uint8_t *w, size_t ldw, int type, int D, const int32_t *tokens, float *x)
@@ -2289,26 +2342,26 @@ static __device__ __forceinline__ int gf_ranks_above(float o, int j, float v, in
  * picking the largest U times over took U rounds of warp reductions in
  * series. */
 #define GF_ROUTE_THREADS 128
-/* One token's route by the calling block (its threads a multiple of a
- * warp, all of them): x its X logits (read past L1: another block of the
- * norm-and-router kernel may have written them), sm X + 2U floats of
- * shared memory. */
-static __device__ __forceinline__ void gf_route_block(const float *x, int X, int U, int32_t *sel, float *selw,
-                                                      float *sm)
+__global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
+                                                                    float *selw)
 {
-    float *pr = sm;   /* X probabilities, then U choices and U weights */
-    int tid = threadIdx.x, *ch = (int *)(pr + X);
+    GPU_TRACE(GT_ROUTE);
+    gf_pdl_begin();
+    extern __shared__ float4 route_sm[];   /* X probabilities, then U choices and U weights (16-aligned) */
+    float *pr = (float *)route_sm;
+    int t = blockIdx.x, tid = threadIdx.x, *ch = (int *)(pr + X);
     float *w = pr + X + U;
     if (tid < U)
         ch[tid] = 0, w[tid] = 0.0f;   /* (what a NaN logit leaves unranked) */
     if (tid < GPU_WARP) {
         int lane = tid;
+        const float *x = router + (size_t)t * X;
         /* the logits into pr, a lane's loads in flight together (GF_ACT_NV a pass: 128 experts in one) */
         for (int e0 = lane; e0 < X; e0 += GF_ACT_NV * GPU_WARP) {
             float v[GF_ACT_NV];
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
-                v[k] = GF_LD_L2(x + min(e0 + k * GPU_WARP, X - 1));
+                v[k] = x[min(e0 + k * GPU_WARP, X - 1)];
 #pragma unroll
             for (int k = 0; k < GF_ACT_NV; k++)
                 if (e0 + k * GPU_WARP < X)
@@ -2355,100 +2408,8 @@ static __device__ __forceinline__ void gf_route_block(const float *x, int X, int
             wsum += (double)w[k];
         float ws = (float)wsum;
         ws = ws < 6.103515625e-5f ? 6.103515625e-5f : ws;
-        sel[tid] = ch[tid], selw[tid] = w[tid] / ws;
+        sel[(size_t)t * U + tid] = ch[tid], selw[(size_t)t * U + tid] = w[tid] / ws;
     }
-}
-
-__global__ void __launch_bounds__(GF_ROUTE_THREADS) gf_route_kernel(const float *router, int X, int U, int32_t *sel,
-                                                                    float *selw)
-{
-    GPU_TRACE(GT_ROUTE);
-    gf_pdl_begin();
-    extern __shared__ float4 route_sm[];   /* (16-aligned) */
-    int t = blockIdx.x;
-    gf_route_block(router + (size_t)t * X, X, U, sel + (size_t)t * U, selw + (size_t)t * U, (float *)route_sm);
-}
-
-/* ==== MoE decode: the FFN's RMSNorm and the router in one kernel ====
- * One token, an F32 router of X rows: block e forms the whole normalised
- * row itself (every block the same sum) and the router's logit e. The
- * norm takes gf_act_kernel's steps in its thread layout and the logit
- * gf_mvrow_kernel's sums in their order, so both come out bit for bit as
- * those two kernels wrote them; block e writes the row's int8 blocks j
- * with j % X == e (and f32 into yf) for the experts. The norm's and the
- * router row's weights load before the wait. Against the two kernels: a
- * kernel boundary and an L2 round trip fewer on a MoE layer's chain. With
- * rt.n set the block that writes the last logit also routes the token
- * (gf_route_block: the route kernel's arithmetic, so the same choice bit
- * for bit), counted in rt.n, which that block sets back to 0: the route
- * kernel's boundary goes too. */
-#define GF_NR_PER 8   /* float4 a thread holds: rows up to 8 · 4 · GF_ACT_THREADS = 8192 wide */
-static_assert(GF_ACT_THREADS == GF_ROW_THREADS, "gf_norm_router_kernel sums a logit in gf_mvrow_kernel's layout");
-
-struct gf_route_out {
-    unsigned *n;   /* the logits written (NULL: the route kernel routes) */
-    int U;
-    int32_t *sel;
-    float *selw;
-};
-
-__global__ void __launch_bounds__(GF_ACT_THREADS) gf_norm_router_kernel(const float *x, const float *nw, float eps,
-                                                                        const float *wr, size_t ldw, int n,
-                                                                        float *router, float *yf, int8_t *q,
-                                                                        gf_ads *ds, gf_route_out rt)
-{
-    GPU_TRACE(GT_NORM_ROUTER);
-    int e = blockIdx.x, n4 = n / 4;
-    const float4 *w4 = (const float4 *)((const uint8_t *)wr + (size_t)e * ldw), *g4 = (const float4 *)nw;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 g[GF_NR_PER], w[GF_NR_PER], xv[GF_NR_PER];
-#pragma unroll
-    for (int k = 0; k < GF_NR_PER; k++) {
-        int i4 = threadIdx.x + k * GF_ACT_THREADS;
-        g[k] = i4 < n4 ? g4[i4] : zero;
-        w[k] = i4 < n4 ? w4[i4] : zero;
-    }
-    gf_pdl_begin();
-#pragma unroll
-    for (int k = 0; k < GF_NR_PER; k++) {
-        int i4 = threadIdx.x + k * GF_ACT_THREADS;
-        xv[k] = i4 < n4 ? ((const float4 *)x)[i4] : zero;
-    }
-    double s = 0;   /* a thread's squares in gf_act_kernel's order */
-#pragma unroll
-    for (int k = 0; k < GF_NR_PER; k++)
-        s += gf_sq4(xv[k]);
-    float scale = gf_rms_scale(gf_block_sum(s), n, eps), acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < GF_NR_PER; k++) {
-        int i4 = threadIdx.x + k * GF_ACT_THREADS;
-        if (k * GF_ACT_THREADS >= n4)   /* (the whole block alike) */
-            break;
-        float v[4];
-        gf_rms_apply(xv[k], scale, g[k], v);
-        if (i4 < n4)   /* gf_f32::dotf's sum */
-            acc += w[k].x * v[0] + w[k].y * v[1] + w[k].z * v[2] + w[k].w * v[3];
-        gf_act_store(v, i4 < n4 && (int)(i4 / (GF_AB / 4)) % (int)gridDim.x == e, i4, 0, n, yf, q, ds, 0);
-    }
-    float sum = gf_block_sumf<GF_ACT_THREADS>(acc);
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        router[e] = sum;
-        if (rt.n) {
-            __threadfence();   /* (the logit out before the count) */
-            last = atomicAdd(rt.n, 1u) == gridDim.x - 1;
-        }
-    }
-    if (!rt.n)
-        return;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();   /* (every block's logit, as counted, in) */
-    extern __shared__ float4 nr_sm[];   /* gf_route_block's X + 2U floats */
-    gf_route_block(router, gridDim.x, rt.U, rt.sel, rt.selw, (float *)nr_sm);
-    if (threadIdx.x == 0)
-        *rt.n = 0;
 }
 
 /* x (T, D) += Σ_k w[t,k]·eo[t*U+k], summed in the order chosen */
@@ -2573,7 +2534,6 @@ struct gpu_ctx {
     int32_t *sel, *io;     /* io: tokens (T), pos0 (1), page table (max_pages), then for a batch of
                               sequences (gpu_eval_batch) a position a row (B) and a page table a row
                               (B, max_pages): gf_rows */
-    unsigned *route_n;     /* the norm-and-router kernel's count of logits written (gf_route_out) */
     int32_t *order, *offs; /* a prompt's (token, expert) pairs sorted by expert (gf_moe_sort_kernel) */
     float *rope_cs;        /* (T, n_rot): a pass's RoPE cosines and sines (gf_rope_kernel) */
     int32_t *rope_pg;      /* (T): each token's page */
@@ -3623,23 +3583,15 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     }
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
     struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL};
-    /* the route in the norm-and-router kernel's last block
-     * (STRATA_GPU_NO_FUSED_ROUTE=1: the route kernel, for comparisons) */
-    gf_route_out rt = {NULL, U, c->sel, c->selw};
-    if (norm_router && !gf_env("STRATA_GPU_NO_FUSED_ROUTE"))
-        rt.n = c->route_n;
-    size_t route_sm = (size_t)(X + 2 * U) * sizeof(float);
     if (norm_router) {
-        gf_launch(gf_norm_router_kernel, X, GF_ACT_THREADS, rt.n ? route_sm : 0, s, (const float *)c->x, ly->ffn_norm,
-                  hp->rms_eps, (const float *)ly->gate_inp.d, ly->gate_inp.ldw, D, c->router, c->xn, c->aq, c->ads,
-                  rt);
+        gf_launch(gf_norm_router_kernel, X, GF_ACT_THREADS, 0, s, (const float *)c->x, ly->ffn_norm, hp->rms_eps,
+                  (const float *)ly->gate_inp.d, ly->gate_inp.ldw, D, c->router, c->xn, c->aq, c->ads);
         GF_LAUNCH_CHECK(err, errlen);
     } else if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
         return -1;
-    if (!rt.n) {
-        gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, route_sm, s, (const float *)c->router, X, U, c->sel, c->selw);
-        GF_LAUNCH_CHECK(err, errlen);
-    }
+    gf_launch(gf_route_kernel, T, GF_ROUTE_THREADS, (size_t)(X + 2 * U) * sizeof(float), s, (const float *)c->router,
+              X, U, c->sel, c->selw);
+    GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROUTER);
     /* a prompt's experts as gemms (eo written), else the matrix-vector
      * kernels; in decode the down products add into x themselves */
@@ -3855,7 +3807,7 @@ void gpu_ctx_free(struct gpu_ctx *c)
             gpuGraphExecDestroy(c->graph[n]);
     void *bufs[] = {c->x, c->xn, c->tmp, c->q, c->k, c->v, c->ao, c->gt, c->up, c->eo, c->router, c->selw,
                     c->logits, c->aq, c->ads, c->sel, c->io, c->attn_scratch, c->gemm_scratch, c->order,
-                    c->rope_cs, c->rope_pg, c->offs, c->xs, c->nq, c->nds, c->nss, c->route_n};
+                    c->rope_cs, c->rope_pg, c->offs, c->xs, c->nq, c->nds, c->nss};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             gpuFree(bufs[i]);
@@ -3878,15 +3830,6 @@ float *gpu_ctx_logits(struct gpu_ctx *c, int *batch)
 static int gf_alloc(void **p, size_t bytes, char *err, size_t errlen)
 {
     GPU_TRY(gpuMalloc(p, bytes ? bytes : 16), err, errlen);
-    return 0;
-}
-
-/* gf_alloc, the bytes zeroed */
-static int gf_zalloc(void **p, size_t bytes, char *err, size_t errlen)
-{
-    if (gf_alloc(p, bytes, err, errlen))
-        return -1;
-    GPU_TRY(gpuMemset(*p, 0, bytes), err, errlen);
     return 0;
 }
 
@@ -3978,7 +3921,6 @@ int gpu_ctx_new(struct gpu_ctx **out, struct gpu_model *g, struct kv *kv, int ma
              gf_alloc((void **)&c->sel, MU * sizeof(int32_t), err, errlen) ||
              gf_alloc((void **)&c->order, hp->n_expert ? MU * sizeof(int32_t) : 0, err, errlen) ||
              gf_alloc((void **)&c->offs, (size_t)(hp->n_expert + 1) * sizeof(int32_t), err, errlen) ||
-             gf_zalloc((void **)&c->route_n, sizeof(unsigned), err, errlen) ||
              gf_alloc((void **)&c->xs, hp->n_expert ? MU * D * fb : 0, err, errlen) ||
              gf_alloc((void **)&c->logits, (size_t)T * hp->n_vocab * fb, err, errlen) ||
              gf_act_alloc(c, MU, maxn, err, errlen) ||

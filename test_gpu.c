@@ -823,16 +823,13 @@ static void tg_moe(void)
     if (path)
         remove(path);
     if ((path = tg_moe_model("Q8_0", "n_embd=2304")) != NULL) {
-        /* the norm and router kernel: the two kernels' logits; its last block
-         * routing the token: the route kernel's */
+        /* the norm and router kernel: the two kernels' logits */
         tg_same("qwen3moe-synth-Q8_0 n_embd=2304", path, "STRATA_GPU_NO_NORM_ROUTER");
-        tg_same("qwen3moe-synth-Q8_0 n_embd=2304", path, "STRATA_GPU_NO_FUSED_ROUTE");
         remove(path);
     }
     if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
         return;
     tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_NORM_ROUTER");
-    tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_FUSED_ROUTE");
     /* its experts' down in pairs of blocks (sm_90), as one block a group */
     tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_PAIRS");
     /* a 12-token prompt: the decode kernels with T = 12 */
