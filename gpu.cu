@@ -1099,7 +1099,7 @@ static __device__ __forceinline__ bool gf_pair_meet(const gf_mv &p, float *xo)
     asm volatile("barrier.cluster.wait;" ::: "memory");   /* both blocks run */
     if (rank == 1 && threadIdx.x < GPU_WARP) {
         gpu_syncwarp();   /* (the rows were stored by this warp's lanes) */
-        if (lane >= GF_AB / 2 && lane < GF_AB) {
+        if (lane >= GF_AB / 2) {   /* (sm_90: 32 lanes, GF_AB) */
             unsigned a = (unsigned)__cvta_generic_to_shared(xo + lane), r;
             asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(a));
             asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(xo[lane]) : "memory");
@@ -2921,7 +2921,7 @@ static dim3 gf_sliced_grid(void (*k)(gf_mv), int threads, int smem, int *per_sm,
 #ifdef GPU_CUDA
     int arch = 0, sms = 0;
     if (gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 90 && !gf_env("STRATA_GPU_NO_PAIRS")) {
-        sms = gf_per_sm(k, threads, smem, per_sm);
+        gf_per_sm(k, threads, smem, per_sm);
         p->pair = 2 * blocks * groups <= sms * *per_sm;
     }
 #endif
