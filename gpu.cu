@@ -2876,45 +2876,6 @@ static void gf_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, gpuSt
 #endif
 }
 
-/* (experiment, this pass only: STRATA_X_SPREAD="q,a,r" lets at most q
- * blocks of the RoPE kernel, a of the activation kernel and r of the
- * norm-and-router kernel share an SM in a one-token step, by the dynamic
- * shared memory each asks for; 0: as before) */
-static int gf_x_spread(int which)
-{
-    static int v[3] = {-1, -1, -1};
-    if (v[0] < 0) {
-        const char *e = getenv("STRATA_X_SPREAD");
-        v[0] = v[1] = v[2] = 0;
-        if (e)
-            sscanf(e, "%d,%d,%d", &v[0], &v[1], &v[2]);
-    }
-    return v[which];
-}
-
-template <typename F>
-static size_t gf_spread_smem(F *k, size_t smem, int which, int T)
-{
-#ifdef GPU_CUDA
-    int n = gf_x_spread(which), dev = 0, per_sm = 0, rsv = 0;
-    cudaFuncAttributes fa;
-    if (n <= 0 || T != 1 || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess)
-        return smem;
-    size_t want = (size_t)(per_sm / n - rsv) - fa.sharedSizeBytes;
-    if (want <= smem)
-        return smem;
-    if (cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want) != cudaSuccess)
-        return smem;
-    return want;
-#else
-    (void)k, (void)which, (void)T;
-    return smem;
-#endif
-}
-
 /* the device's SMs (0 if the query fails) */
 static int gf_sms(void)
 {
@@ -3189,14 +3150,11 @@ static int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, cons
     int threads = GF_ACT_THREADS;
     dim3 grid(T, (n + GF_ACT_CHUNK - 1) / GF_ACT_CHUNK);
     if (mode == GF_ACT_NORM)
-        gf_launch(gf_act_kernel<GF_ACT_NORM>, grid, threads, gf_spread_smem(gf_act_kernel<GF_ACT_NORM>, 0, 1, T), s,
-                  x, x2, w, eps, n, yf, q, ds, bt);
+        gf_launch(gf_act_kernel<GF_ACT_NORM>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     else if (mode == GF_ACT_SWIGLU)
-        gf_launch(gf_act_kernel<GF_ACT_SWIGLU>, grid, threads, gf_spread_smem(gf_act_kernel<GF_ACT_SWIGLU>, 0, 1, T),
-                  s, x, x2, w, eps, n, yf, q, ds, bt);
+        gf_launch(gf_act_kernel<GF_ACT_SWIGLU>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     else
-        gf_launch(gf_act_kernel<GF_ACT_PLAIN>, grid, threads, gf_spread_smem(gf_act_kernel<GF_ACT_PLAIN>, 0, 1, T),
-                  s, x, x2, w, eps, n, yf, q, ds, bt);
+        gf_launch(gf_act_kernel<GF_ACT_PLAIN>, grid, threads, 0, s, x, x2, w, eps, n, yf, q, ds, bt);
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 }
@@ -3582,8 +3540,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL;
     qp.H = H, qp.K = K, qp.E = E, qp.neox = hp->rope_neox, qp.eps = hp->rms_eps;
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_spread_smem(gf_qkv_kernel, gf_qkv_smem(E, hp->n_rot), 0, T),
-              s, qp);
+    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
@@ -3627,8 +3584,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     int X = hp->n_expert, U = hp->n_expert_used, Fe = ly->gate_exps.rows;
     struct gf_out router = {&ly->gate_inp, c->router, (size_t)X, NULL};
     if (norm_router) {
-        gf_launch(gf_norm_router_kernel, X, GF_ACT_THREADS, gf_spread_smem(gf_norm_router_kernel, 0, 2, T), s,
-                  (const float *)c->x, ly->ffn_norm, hp->rms_eps,
+        gf_launch(gf_norm_router_kernel, X, GF_ACT_THREADS, 0, s, (const float *)c->x, ly->ffn_norm, hp->rms_eps,
                   (const float *)ly->gate_inp.d, ly->gate_inp.ldw, D, c->router, c->xn, c->aq, c->ads);
         GF_LAUNCH_CHECK(err, errlen);
     } else if (gf_matmul_n(c, &router, 1, c->xn, T, 0, err, errlen))
