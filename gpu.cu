@@ -3360,7 +3360,7 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
  * prompts (the caller runs them one by one, then gf_moe_sum_kernel). */
 static int gf_down_experts_sum(struct gpu_ctx *c, const struct gf_mat *dn, int T, int U, char *err, size_t errlen)
 {
-    if (T > GF_DECODE_T || (dn->type != QT_Q4_K && gf_env("STRATA_X_DOWN_IDS")))
+    if (T > GF_DECODE_T)
         return 1;
     gf_mv p;
     memset(&p, 0, sizeof p);
