@@ -1522,6 +1522,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
                     v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
             return (int)((uintptr_t)s & 15);
         } else {
+            /* each vector's source first, then the loads together: a
+             * load a run into registers a run before may still be filling
+             * (a register written twice waits for the first load) */
+            const int4 *src[NVL] = {};
             for (int sb = sb0, at = 0; sb < sb0 + nsb;) {   /* a run an expert: superblocks [sb, sbe) */
                 int e = sb / be, sbe = min(sb0 + nsb, (e + 1) * be);
                 const uint8_t *s = p.w[pt] + (size_t)p.ids[ex0 + e] * p.estride + (size_t)rr * p.ldw +
@@ -1531,8 +1535,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
 #pragma unroll
                 for (int i = 0; i < NVL; i++) {
                     int j = lane + i * GPU_WARP - at;
-                    if (j >= 0 && j < nv)
-                        v[i] = gf_ld_stream(a + j);
+                    src[i] = j >= 0 && j < nv ? a + j : src[i];
                 }
 #pragma unroll
                 for (int k = 0; k < UL; k++) {
@@ -1542,6 +1545,10 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
                 }
                 at += nv, sb = sbe;
             }
+#pragma unroll
+            for (int i = 0; i < NVL; i++)
+                if (src[i])
+                    v[i] = gf_ld_stream(src[i]);
             return 0;
         }
     };
