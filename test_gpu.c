@@ -781,9 +781,9 @@ static void tg_logits_row(void)
 
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
  * n_embd wide: the decode step's experts side by side take the Q4_K kernel
- * (Q4_K) or the staged one (Q6_K, Q8_0: 256-column experts, a run of the
- * staged rows an expert), handing the next norm on; the Q8_0 gate/up
- * stacks at 2304 take gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
+ * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
+ * SMs) or the staged one (2304); the Q8_0 gate/up stacks at 2304 take
+ * gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
  * Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
  * its path, or NULL. */
 static const char *tg_moe_model(const char *type, const char *n_embd)
