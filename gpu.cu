@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 /* ==== the staged decode kernel (one activation row per group) ====
  * Decode for the types without a kernel of their own below (gf_mvk_kernel:
  * Q4_K; gf_mvs_kernel: Q6_K and Q8_0), for rows wider than those take, and
- * for Q6_K and Q8_0 experts side by side. Decode streams every weight byte
+ * for other formats' experts side by side. Decode streams every weight byte
  * once: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
  * memory with aligned 16-byte loads (fully coalesced whatever the block
  * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
@@ -1478,18 +1478,24 @@ template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl
 template <int T> struct gf_mvs_of<gf_iq<T> > { enum { OK = 1 }; typedef gf_mvs_iq<T> G; };
 
 /* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
- * one more where unaligned; per lane */
-template <class F>
+ * one more where unaligned (NE: one more for each run, up to a run a
+ * superblock); per lane */
+template <class F, bool NE>
 static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
 {
-    return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + 1 + GPU_WARP - 1) / GPU_WARP;
+    return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + (NE ? UL * GPU_WARP / F::UPS : 1) + GPU_WARP - 1) /
+           GPU_WARP;
 }
 
-template <class F, int UL, int NORM>
+/* NE: experts side by side (gf_mv.ne, whole superblocks an expert): a
+ * warp's superblocks lie in runs, one in each expert's row, each run's
+ * 16-byte cover after the last in the stage, and each unit's expert weight
+ * rides on its activation's scales (gf_mvk_kernel's way) */
+template <class F, int UL, int NORM, bool NE>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVS);
-    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: a warp's units' superblocks */
+    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F, NE>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -1498,30 +1504,63 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     /* the slice's superblocks [sb0, sb0 + nsb): bytes from b0 of each row */
     int sb0 = slice * UL * SBW, nsb = min(UL * SBW, U / F::UPS - sb0);
     size_t b0 = (size_t)sb0 * F::SB;
-    /* the row's aligned 16-byte vectors covering the slice; returns the
-     * slice's offset in the first */
     size_t eo = 0;   /* an expert stack's matrix: ids come from the kernel ahead, so after the wait */
-    auto fetch = [&](int r, int4 (&v)[NVL]) {
+    int be = NE ? p.ne / (64 * F::UPS) : 1, ex0 = NE ? g * (p.n / p.ne) : 0;   /* NE: an expert's superblocks */
+    /* the row's aligned 16-byte vectors covering the slice; returns the
+     * slice's offset in the first. NE: the runs' covers one after another,
+     * so[k] where the lane's superblock of unit k lies in the stage */
+    auto fetch = [&](int r, int4 (&v)[NVL], int (&so)[UL]) {
         r = r < total ? r : total - 1;
         int rr, pt = gf_mv_part(p, r, &rr);
-        const uint8_t *s = p.w[pt] + eo + (size_t)rr * p.ldw + b0;
-        const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
-        int nv = ((int)((uintptr_t)s & 15) + nsb * F::SB + 15) >> 4;
+        if constexpr (!NE) {
+            const uint8_t *s = p.w[pt] + eo + (size_t)rr * p.ldw + b0;
+            const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
+            int nv = ((int)((uintptr_t)s & 15) + nsb * F::SB + 15) >> 4;
 #pragma unroll
-        for (int i = 0; i < NVL; i++)
-            if (lane + i * GPU_WARP < nv)
-                v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
-        return (int)((uintptr_t)s & 15);
+            for (int i = 0; i < NVL; i++)
+                if (lane + i * GPU_WARP < nv)
+                    v[i] = gf_ld_stream(a + lane + i * GPU_WARP);
+            return (int)((uintptr_t)s & 15);
+        } else {
+            /* each vector's source first, then the loads together: a
+             * load a run into registers a run before may still be filling
+             * (a register written twice waits for the first load) */
+            const int4 *src[NVL] = {};
+            for (int sb = sb0, at = 0; sb < sb0 + nsb;) {   /* a run an expert: superblocks [sb, sbe) */
+                int e = sb / be, sbe = min(sb0 + nsb, (e + 1) * be);
+                const uint8_t *s = p.w[pt] + (size_t)p.ids[ex0 + e] * p.estride + (size_t)rr * p.ldw +
+                                   (size_t)(sb - e * be) * F::SB;
+                const int4 *a = (const int4 *)((uintptr_t)s & ~(uintptr_t)15);
+                int o = (int)((uintptr_t)s & 15), nv = (o + (sbe - sb) * F::SB + 15) >> 4;
+#pragma unroll
+                for (int i = 0; i < NVL; i++) {
+                    int j = lane + i * GPU_WARP - at;
+                    src[i] = j >= 0 && j < nv ? a + j : src[i];
+                }
+#pragma unroll
+                for (int k = 0; k < UL; k++) {
+                    int b = sb0 + k * SBW + lane / F::UPS;   /* (past the slice: a place no dot reads) */
+                    if (b >= sb && b < sbe)
+                        so[k] = 16 * at + o + (b - sb) * F::SB;
+                }
+                at += nv, sb = sbe;
+            }
+#pragma unroll
+            for (int i = 0; i < NVL; i++)
+                if (src[i])
+                    v[i] = gf_ld_stream(src[i]);
+            return 0;
+        }
     };
     int4 v[NVL];
-    int tile, step, end, o = 0, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
+    int so[UL] = {}, tile, step, end, o = 0, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)
-        o = fetch(tile * RT + sub, v);
+        o = fetch(tile * RT + sub, v, so);
     gf_pdl_begin();
     eo = gf_group_off(p, g);
     if (p.ids && tile < end)
-        o = fetch(tile * RT + sub, v);
+        o = fetch(tile * RT + sub, v, so);
     /* this lane's units: u = (slice·UL + k)·GPU_WARP + lane */
     size_t arow = (size_t)(g / p.a_div) * p.a_g;
     const int4 *aq = (const int4 *)(p.aq + arow * p.n);
@@ -1534,11 +1573,12 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     for (int k = 0; k < UL; k++) {
         int u = (slice * UL + k) * GPU_WARP + lane;
         ok[k] = u < U;
+        float uw = NE && ok[k] ? p.sw[ex0 + u / F::UPS / be] : 1.0f;   /* the unit's expert's weight */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int c = ok[k] ? F::col(u, i) : 0;
             xa[k][i] = aq[c / 16];
-            xd[k][i] = ads[c / GF_AB].x;
+            xd[k][i] = ads[c / GF_AB].x * uw;
             const int4 x = xa[k][i];
             xs[k][i] = gpu_dp4a(x.x, 0x01010101, gpu_dp4a(x.y, 0x01010101, gpu_dp4a(x.z, 0x01010101,
                                                                                       gpu_dp4a(x.w, 0x01010101, 0))));
@@ -1557,10 +1597,13 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         for (int i = 0; i < NVL; i++)
             stage[lane + i * GPU_WARP] = v[i];
         gpu_syncwarp();
-        int so = o;
+        int so1 = o, at[UL];   /* this round's offset in the stage (NE: each unit's place) */
+#pragma unroll
+        for (int k = 0; k < UL; k++)
+            at[k] = so[k];
         float yn = 0.0f;
         if (tile + step < end) {
-            o = fetch((tile + step) * RT + sub, v);
+            o = fetch((tile + step) * RT + sub, v, so);
             if (writer)
                 yn = gf_mv_old(p, g, (tile + step) * RT + threadIdx.x, total);
         }
@@ -1568,7 +1611,8 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
 #pragma unroll
         for (int k = 0; k < UL; k++)
             if (ok[k])   /* (unit k·GPU_WARP + lane of the slice: in its superblock k·SBW + lane/UPS) */
-                acc += F::dot(sm + so + (k * SBW + lane / F::UPS) * F::SB, lane, xa[k], xd[k], xs[k]);
+                acc += F::dot(sm + (NE ? at[k] : so1 + (k * SBW + lane / F::UPS) * F::SB), lane, xa[k], xd[k],
+                              xs[k]);
         float sum = warp_sum(acc);
         if (lane == 0)
             part[round & 1][slice][sub] = sum;
@@ -2962,16 +3006,16 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 
 /* gf_mvs_kernel's stage for a block of S slices, in bytes */
 template <class F>
-static int gf_mvs_smem(int UL, int S)
+static int gf_mvs_smem(int UL, int S, bool ne)
 {
-    return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL) * GPU_WARP * 16;
+    return S * GF_MVK_SUB * (ne ? gf_mvs_nvl<F, true>(UL) : gf_mvs_nvl<F, false>(UL)) * GPU_WARP * 16;
 }
 
-template <class F, int UL, int NORM>
+template <class F, int UL, int NORM, bool NE>
 static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM>;
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S);
+    void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM, NE>;
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S, NE);
     static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
     if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
         asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
@@ -2991,24 +3035,31 @@ template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     enum { H = gf_mvs_hands<F>::OK };
-    if (H && p.nw)
-        gf_mvs_launch_n<F, UL, H ? GF_NORM_OUT : GF_NORM_NONE>(p, groups, S, s);
+    if (H && p.ne && p.nw)
+        gf_mvs_launch_n<F, UL, H ? GF_NORM_OUT : GF_NORM_NONE, H>(p, groups, S, s);
+    else if (H && p.ne)
+        gf_mvs_launch_n<F, UL, GF_NORM_NONE, H>(p, groups, S, s);
+    else if (H && p.nw)
+        gf_mvs_launch_n<F, UL, H ? GF_NORM_OUT : GF_NORM_NONE, false>(p, groups, S, s);
     else if (H && p.ss)
-        gf_mvs_launch_n<F, UL, H ? GF_NORM_IN : GF_NORM_NONE>(p, groups, S, s);
+        gf_mvs_launch_n<F, UL, H ? GF_NORM_IN : GF_NORM_NONE, false>(p, groups, S, s);
     else
-        gf_mvs_launch_n<F, UL, GF_NORM_NONE>(p, groups, S, s);
+        gf_mvs_launch_n<F, UL, GF_NORM_NONE, false>(p, groups, S, s);
 }
 
 /* whether gf_mvs_kernel takes this product's one-row groups: rows of whole
- * superblocks of a format it has (gf_mvs_of), of one matrix or an expert
- * stack (not experts side by side), a stage of at most 96 KB */
+ * superblocks of a format it has (gf_mvs_of), of one matrix, an expert
+ * stack, or experts side by side of whole superblocks each (the formats
+ * with a handed-on norm's forms: a Q4_K_M MoE's Q6_K experts' down, a Q8_0
+ * MoE's), a stage of at most 96 KB */
 template <class Q>
 static int gf_mvs_takes(int n, int ne, int *UL, int *S)
 {
-    if (!gf_mvs_of<Q>::OK || n % 256 || ne || gf_env("STRATA_GPU_MV_OLD") || !(*S = gf_mvk_shape(n, UL)))
-        return 0;
     typedef typename gf_mvs_of<Q>::G G;
-    return gf_mvs_smem<G>(*UL, *S) <= 96 * 1024;
+    if (!gf_mvs_of<Q>::OK || n % 256 || (ne && (!gf_mvs_hands<G>::OK || ne % 256)) || gf_env("STRATA_GPU_MV_OLD") ||
+        !(*S = gf_mvk_shape(n, UL)))
+        return 0;
+    return gf_mvs_smem<G>(*UL, *S, ne) <= 96 * 1024;
 }
 
 /* whether gf_mvk_kernel takes one-row groups of this type and width */
@@ -3017,14 +3068,15 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
     return type == QT_Q4_K && !gf_env("STRATA_GPU_MV_OLD") && (*S = gf_mvk_shape(n, UL)) > 0;
 }
 
-/* whether one token's product of this type and width (one matrix, not
- * experts) runs in a kernel with a handed-on norm's forms: gf_mvk_kernel's
- * Q4_K, gf_mvs_kernel's Q6_K and Q8_0 (gf_mv_launch_t's choice for them) */
-static int gf_hand_takes(int type, int n)
+/* whether one token's product of this type and width (one matrix, or
+ * experts side by side ne wide each) runs in a kernel with a handed-on
+ * norm's forms: gf_mvk_kernel's Q4_K, gf_mvs_kernel's Q6_K and Q8_0
+ * (gf_mv_launch_t's choice for them) */
+static int gf_hand_takes(int type, int n, int ne)
 {
     int UL, S;
-    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(n, 0, &UL, &S)) ||
-           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(n, 0, &UL, &S));
+    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(n, ne, &UL, &S)) ||
+           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(n, ne, &UL, &S));
 }
 
 #ifdef GPU_CUDA
@@ -3061,7 +3113,7 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     } else if (nt == 1 && gf_mvs_takes<Q>(p.n, p.ne, &UL, &S)) {
         typedef typename gf_mvs_of<Q>::G G;
         int S1 = gf_hand_slices(p, UL);
-        if (S1 && gf_mvs_smem<G>(1, S1) <= 96 * 1024)   /* (where the stage fits) */
+        if (S1 && gf_mvs_smem<G>(1, S1, p.ne) <= 96 * 1024)   /* (where the stage fits) */
             UL = 1, S = S1;
         if (UL == 1)
             gf_mvs_launch<G, 1>(p, groups, S, s);
@@ -3498,18 +3550,17 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
  * weights nw on to the products `to` that read it next (gf_mv.nw and .ss:
  * no gf_act_kernel between them), where it can: one token of one sequence,
  * every product in a kernel with the handed-on forms (gf_hand_takes; an
- * experts' product, ex, Q4_K's side by side alone), x in whole blocks of
- * 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does, for comparisons.
+ * experts' product: its experts side by side, ne columns each), x in whole
+ * blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does, for comparisons.
  * gf_hand_end after the product: c->handed then says whether the norm was
  * handed on (its readers' launches, gf_mv_hand, spend it). */
-static void gf_hand_begin(struct gpu_ctx *c, int type, int n, int ex, const float *nw,
+static void gf_hand_begin(struct gpu_ctx *c, int type, int n, int ne, const float *nw,
                           const struct gf_mat *const *to, int n_to, int T)
 {
-    int UL, S, ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 &&
-                    (ex ? gf_mvk_takes(type, n, &UL, &S) : gf_hand_takes(type, n)) &&
-                    !gf_env("STRATA_GPU_NO_HANDOFF");
+    int ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 && gf_hand_takes(type, n, ne) &&
+             !gf_env("STRATA_GPU_NO_HANDOFF");
     for (int i = 0; ok && i < n_to; i++)
-        ok = gf_hand_takes(to[i]->type, to[i]->n);
+        ok = gf_hand_takes(to[i]->type, to[i]->n, 0);
     c->hand_w = ok ? nw : NULL;
 }
 
@@ -3603,7 +3654,7 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
             gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, T * U, 0, c->gt, c->aq, c->ads, err, errlen))
             return -1;
         gf_mark(c, GF_ST_SWIGLU);
-        gf_hand_begin(c, dn->type, U * dn->n, 1, nx ? nx->attn_norm : NULL, qkvm, 3, T);
+        gf_hand_begin(c, dn->type, U * dn->n, dn->n, nx ? nx->attn_norm : NULL, qkvm, 3, T);
         rc = gf_down_experts_sum(c, dn, T, U, err, errlen);
         gf_hand_end(c);
         summed = rc == 0;

@@ -780,21 +780,22 @@ static void tg_logits_row(void)
 }
 
 /* A small qwen3moe written by synth (F32 router, the experts of `type`),
- * n_embd wide: the decode step's experts side by side take the Q4_K kernel
- * (Q4_K), the block-a-row kernel (n_embd = 256: too few rows to fill the
- * SMs) or the staged one (2304); the Q8_0 gate/up stacks at 2304 take
- * gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
+ * n_embd wide, experts n_ff_exp wide: the decode step's experts side by
+ * side take the Q4_K kernel (Q4_K) or the staged one (Q6_K, Q8_0: a run of
+ * the staged rows an expert, one superblock long at 256 columns, three at
+ * 768, a warp's runs cut at its slice's ends), handing the next norm on; the Q8_0 gate/up
+ * stacks at 2304 take gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
  * Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
  * its path, or NULL. */
-static const char *tg_moe_model(const char *type, const char *n_embd)
+static const char *tg_moe_model(const char *type, const char *n_embd, const char *n_ff_exp)
 {
     static char path[64];
     char err[256], label[64];
     snprintf(path, sizeof path, "/tmp/strata-test-gpu-moe-%s.gguf", type);
-    snprintf(label, sizeof label, "qwen3moe-synth-%s n_embd=%s", type, n_embd + 7);
+    snprintf(label, sizeof label, "qwen3moe-synth-%s n_embd=%s n_ff_exp=%s", type, n_embd + 7, n_ff_exp + 9);
     char *argv[] = {"synth", "--arch", "qwen3moe", "--set", (char *)n_embd, "--set", "n_layer=3", "--set",
                     "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=768",
-                    "--set", "n_expert=16", "--set", "n_expert_used=4", "--set", "n_ff_exp=256", "--set",
+                    "--set", "n_expert=16", "--set", "n_expert_used=4", "--set", (char *)n_ff_exp, "--set",
                     "n_vocab=2000", "--type", (char *)type, "-o", path};
     if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
         return NULL;
@@ -819,15 +820,15 @@ static void tg_moe(void)
     if (!test_begin_gpu("gpu/qwen3moe GPU vs CPU teacher-forced, Q4_K, Q6_K and Q8_0 experts (bound: 1.5x CPU vs "
                         "f32ref + 0.05)"))
         return;
-    const char *path = tg_moe_model("Q6_K", "n_embd=256");
+    const char *path = tg_moe_model("Q6_K", "n_embd=256", "n_ff_exp=768");
     if (path)
         remove(path);
-    if ((path = tg_moe_model("Q8_0", "n_embd=2304")) != NULL) {
+    if ((path = tg_moe_model("Q8_0", "n_embd=2304", "n_ff_exp=256")) != NULL) {
         /* the norm and router kernel: the two kernels' logits */
         tg_same("qwen3moe-synth-Q8_0 n_embd=2304", path, "STRATA_GPU_NO_NORM_ROUTER");
         remove(path);
     }
-    if ((path = tg_moe_model("Q4_K", "n_embd=256")) == NULL)
+    if ((path = tg_moe_model("Q4_K", "n_embd=256", "n_ff_exp=256")) == NULL)
         return;
     tg_same("qwen3moe-synth-Q4_K n_embd=256", path, "STRATA_GPU_NO_NORM_ROUTER");
     /* its experts' down in pairs of blocks (sm_90), as one block a group */
@@ -1047,7 +1048,7 @@ static void tg_formats(void)
     static const char *const moe[][2] = {
         {"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}, {"IQ2_XS", "n_embd=256"}};
     for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
-        const char *path = tg_moe_model(moe[i][0], moe[i][1]);
+        const char *path = tg_moe_model(moe[i][0], moe[i][1], "n_ff_exp=256");
         if (path)
             remove(path);
     }
