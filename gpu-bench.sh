@@ -25,7 +25,7 @@
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
 # `make cuda TRACE=1 CUDA_ARCH=90 MARCH=x86-64-v3` leaves that measuring build in ./strata; strip and
 # gzip it there; the timelines, and the same step block by block, go to $OUT; TRACE_SHAPES picks the
-# shapes, TRACE_ARGS replaces "-d 512 -c 1024", e.g. "-d 32768 -c 33024 --kv int8")
+# shapes, TRACE_TYPE the type (default q4_k), TRACE_ARGS replaces "-d 512 -c 1024", e.g. "-d 32768 -c 33024 --kv int8")
 # (each model step writes its model to /tmp, benchmarks it and deletes it),
 # sweep (a model's tg128 and pp4096 once for each environment setting in
 # SWEEP, e.g. SWEEP="STRATA_GEMM_BLAS=0 STRATA_GEMM_BLAS=1 A=1+B=2"; the model:
@@ -113,8 +113,8 @@ trace() { # one decode step's timeline (a TRACE=1 build), 8B and 30B-A3B Q4_K at
     local m=$T/trace.gguf st=$T/strata-trace args=${TRACE_ARGS:-"-d 512 -c 1024"}
     gunzip -c "$D/strata-trace.gz" >"$st" && chmod +x "$st" || return
     for shape in ${TRACE_SHAPES:-qwen3-8b qwen3-30b-a3b}; do
-        $S synth --shape $shape --type q4_k -o "$m" >/dev/null || return
-        echo "== trace: $shape q4_k, tg16, $args"
+        $S synth --shape $shape --type ${TRACE_TYPE:-q4_k} -o "$m" >/dev/null || return
+        echo "== trace: $shape ${TRACE_TYPE:-q4_k}, tg16, $args"
         STRATA_GPU_TRACE=${OUT:-$T}/trace-$shape.txt STRATA_GPU_TRACE_BLOCKS=${OUT:-$T}/blocks-$shape.txt \
             $st bench -m "$m" --device gpu -p 0 -n 16 -r 1 $args 2>/dev/null | grep -E '^decode '
         head -n 16 "${OUT:-$T}/trace-$shape.txt"
