@@ -1495,7 +1495,8 @@ template <class F, int UL, int NORM, bool NE>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVS);
-    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F, NE>(UL), SBW = GPU_WARP / F::UPS };   /* SBW: a warp's units' superblocks */
+    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F, NE>(UL) };
+    enum { SBW = GPU_WARP / F::UPS };   /* a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
