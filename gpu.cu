@@ -1478,12 +1478,12 @@ template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl
 template <int T> struct gf_mvs_of<gf_iq<T> > { enum { OK = 1 }; typedef gf_mvs_iq<T> G; };
 
 /* a warp's stage: the 16-byte vectors of its UL·GPU_WARP units' superblocks,
- * one more where unaligned (NE: one more for each run, up to a run a
+ * one more where unaligned (ne: one more for each run, up to a run a
  * superblock); per lane */
-template <class F, bool NE>
-static constexpr __host__ __device__ int gf_mvs_nvl(int UL)
+template <class F>
+static constexpr __host__ __device__ int gf_mvs_nvl(int UL, bool ne)
 {
-    return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + (NE ? UL * GPU_WARP / F::UPS : 1) + GPU_WARP - 1) /
+    return ((UL * GPU_WARP / F::UPS * F::SB + 15) / 16 + (ne ? UL * GPU_WARP / F::UPS : 1) + GPU_WARP - 1) /
            GPU_WARP;
 }
 
@@ -1495,7 +1495,7 @@ template <class F, int UL, int NORM, bool NE>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVS);
-    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F, NE>(UL) };
+    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL, NE) };
     enum { SBW = GPU_WARP / F::UPS };   /* a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
@@ -3009,7 +3009,7 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 template <class F>
 static int gf_mvs_smem(int UL, int S, bool ne)
 {
-    return S * GF_MVK_SUB * (ne ? gf_mvs_nvl<F, true>(UL) : gf_mvs_nvl<F, false>(UL)) * GPU_WARP * 16;
+    return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL, ne) * GPU_WARP * 16;
 }
 
 template <class F, int UL, int NORM, bool NE>
