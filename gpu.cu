@@ -11,7 +11,9 @@
  * takes the type, else to the matrix-vector kernels over batches of tokens
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
  * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, Q6_K
- * and Q8_0 to gf_mvs_kernel. STRATA_GPU_NO_GRAPH=1 runs decode without the
+ * and Q8_0 to gf_mvs_kernel, and a Q4_K and a Q6_K product of one width (a
+ * Q4_K_M layer's q/k and v) to one launch of both (gf_mv2_kernel;
+ * STRATA_GPU_NO_MV2=1: a launch each). STRATA_GPU_NO_GRAPH=1 runs decode without the
  * graph, STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
  * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel
  * and gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
@@ -1113,20 +1115,22 @@ static __device__ __forceinline__ bool gf_pair_meet(const gf_mv &p, float *xo)
 #endif
 }
 
-/* A column-sliced kernel's tiles of RT rows: every gridDim.x-th from
- * blockIdx.x, or, where it hands on a norm, its block's GF_AB rows one after
- * the other (the grid: a block for each GF_AB rows), or its half of them
- * (pairs). Returns the first row of the block's first tile, or of its GF_AB
- * rows where it hands on a norm. */
+/* A column-sliced kernel's tiles of RT rows: every nbx-th from bx (block
+ * bx of the product's nbx: blockIdx.x of gridDim.x but where two products
+ * share a launch, gf_mv2_kernel), or, where it hands on a norm, its block's
+ * GF_AB rows one after the other (the grid: a block for each GF_AB rows),
+ * or its half of them (pairs). Returns the first row of the block's first
+ * tile, or of its GF_AB rows where it hands on a norm. */
 template <int NORM, int RT>
-static __device__ __forceinline__ int gf_block_tiles(const gf_mv &p, int tiles, int *tile, int *step, int *end)
+static __device__ __forceinline__ int gf_block_tiles(const gf_mv &p, int bx, int nbx, int tiles, int *tile, int *step,
+                                                     int *end)
 {
-    *tile = blockIdx.x, *step = gridDim.x, *end = tiles;
+    *tile = bx, *step = nbx, *end = tiles;
     if (NORM != GF_NORM_OUT)
         return *tile * RT;
     gf_pair_begin(p);
-    int group = blockIdx.x >> p.pair, per = (GF_AB / RT) >> p.pair;
-    *tile = group * (GF_AB / RT) + (blockIdx.x & p.pair) * per, *step = 1, *end = min(*tile + per, tiles);
+    int group = bx >> p.pair, per = (GF_AB / RT) >> p.pair;
+    *tile = group * (GF_AB / RT) + (bx & p.pair) * per, *step = 1, *end = min(*tile + per, tiles);
     return group * GF_AB;
 }
 
@@ -1179,11 +1183,10 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
  * 640 tiles, then runs a second round on a fifth of its blocks) */
 #define GF_MVK_ONE(UL, NORM) ((UL) == 1 && (NORM) != GF_NORM_OUT)
 
+/* gf_mvk_kernel's block bx of the product's nbx (gf_block_tiles) */
 template <int UL, int NORM>
-__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
-                                  GF_MVK_ONE(UL, NORM) ? 5 : 1) gf_mvk_kernel(gf_mv p)
+static __device__ __forceinline__ void gf_mvk_run(const gf_mv &p, int bx, int nbx)
 {
-    GPU_TRACE(GT_MVK);
     enum { R = 2 / UL, RT = GF_MVK_SUB * R };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
@@ -1201,9 +1204,9 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
         uo[k] = (size_t)(ub[k] >> 2) * 144;
     }
     int4 wh[R][UL], wq[R][UL][2];
-    /* the block's tiles: every gridDim.x-th from blockIdx.x; a block's GF_AB
+    /* the block's tiles: every nbx-th from bx; a block's GF_AB
      * rows (or their half, in pairs) one after the other where it hands on a norm */
-    int tile, step, end, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
+    int tile, step, end, r0 = gf_block_tiles<NORM, RT>(p, bx, nbx, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)   /* expert ids come from the kernel ahead: wait for them first */
         gf_mvk_fetch<UL, R>(p, tile * RT + sub * R, total, uo, ub, wh, wq);
@@ -1274,6 +1277,14 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
     }
     if (NORM == GF_NORM_OUT)
         gf_block_norm_out(p, r0, total, xo, nw);
+}
+
+template <int UL, int NORM>
+__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
+                                  GF_MVK_ONE(UL, NORM) ? 5 : 1) gf_mvk_kernel(gf_mv p)
+{
+    GPU_TRACE(GT_MVK);
+    gf_mvk_run<UL, NORM>(p, blockIdx.x, gridDim.x);
 }
 
 /* ==== the decode kernel of the other formats: staged rows, the activation in registers ====
@@ -1492,9 +1503,8 @@ static constexpr __host__ __device__ int gf_mvs_nvl(int UL, bool ne)
  * 16-byte cover after the last in the stage, and each unit's expert weight
  * rides on its activation's scales (gf_mvk_kernel's way) */
 template <class F, int UL, int NORM, bool NE>
-__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
+static __device__ __forceinline__ void gf_mvs_run(const gf_mv &p, int bx, int nbx)   /* (gf_mvk_run's bx, nbx) */
 {
-    GPU_TRACE(GT_MVS);
     enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL, NE) };
     enum { SBW = GPU_WARP / F::UPS };   /* a warp's units' superblocks */
     __shared__ float part[2][GF_MVK_SMAX][RT];
@@ -1554,7 +1564,7 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
         }
     };
     int4 v[NVL];
-    int so[UL] = {}, tile, step, end, o = 0, r0 = gf_block_tiles<NORM, RT>(p, tiles, &tile, &step, &end);
+    int so[UL] = {}, tile, step, end, o = 0, r0 = gf_block_tiles<NORM, RT>(p, bx, nbx, tiles, &tile, &step, &end);
     float nw = gf_block_norm_w<NORM>(p, r0, total);
     if (!p.ids && tile < end)
         o = fetch(tile * RT + sub, v, so);
@@ -1625,6 +1635,31 @@ __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_ke
     }
     if (NORM == GF_NORM_OUT)
         gf_block_norm_out(p, r0, total, xo, nw);
+}
+
+template <class F, int UL, int NORM, bool NE>
+__global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
+{
+    GPU_TRACE(GT_MVS);
+    gf_mvs_run<F, UL, NORM, NE>(p, blockIdx.x, gridDim.x);
+}
+
+/* Two one-row products in one launch (gf_mv2_launch): a Q4_K_M layer's
+ * q/k (Q4_K) and v (Q6_K) read one activation into outputs of their own.
+ * Blocks [0, nb1) are gf_mvk_kernel's for p1, the rest gf_mvs_kernel's of
+ * format F for p2, each product's tiles walked by its own blocks, so that
+ * the small product runs beside the large one rather than after it as a
+ * launch of its own. Both of one width: the same units a lane and slices
+ * a block; no norm handed on (NORM: none, or one handed in). */
+template <class F, int UL, int NORM>
+__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
+                                  GF_MVK_ONE(UL, NORM) ? 5 : 1) gf_mv2_kernel(gf_mv p1, gf_mv p2, int nb1)
+{
+    GPU_TRACE(GT_MV2);
+    if ((int)blockIdx.x < nb1)
+        gf_mvk_run<UL, NORM>(p1, blockIdx.x, nb1);
+    else
+        gf_mvs_run<F, UL, NORM, false>(p2, blockIdx.x - nb1, gridDim.x - nb1);
 }
 
 /* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
@@ -2930,7 +2965,8 @@ static int gf_sms(void)
 
 /* the device's SMs, and in *per_sm the blocks of k an SM holds (asked
  * once; left 0 if the query fails) */
-static int gf_per_sm(void (*k)(gf_mv), int threads, int smem, int *per_sm)
+template <typename... P>
+static int gf_per_sm(void (*k)(P...), int threads, int smem, int *per_sm)
 {
     int sms = gf_sms(), b = 0;
     if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
@@ -3245,6 +3281,38 @@ static void gf_mv_hand(struct gpu_ctx *c, gf_mv *p)
         p->aq = c->nq, p->ads = c->nds, p->ss = c->nss, p->ss_n = p->n / GF_AB, p->eps = c->g->hp.rms_eps;
 }
 
+/* A Q4_K product and a Q6_K one of one token and one width (p[0], p[1] of
+ * types t[0], t[1], either order) in one launch of gf_mv2_kernel, the
+ * blocks of one wave shared in proportion to their bytes: whether it took
+ * them. STRATA_GPU_NO_MV2=1: never (a launch each). */
+static int gf_mv2_launch(const gf_mv *p, const int *t, gpuStream_t s)
+{
+    int a = t[0] == QT_Q4_K ? 0 : 1, UL, S, UL2, S2;   /* a: the Q4_K product, b the Q6_K one */
+    const gf_mv &pa = p[a], &pb = p[1 - a];
+    if (t[a] != QT_Q4_K || t[1 - a] != QT_Q6_K || pa.n != pb.n || pa.nw || pb.nw || pa.ne || pb.ne ||
+        !gf_mvk_takes(QT_Q4_K, pa.n, &UL, &S) || !gf_mvs_takes<gf_q6_K>(pb.n, 0, &UL2, &S2) || UL != UL2 ||
+        S != S2 || gf_env("STRATA_GPU_NO_MV2"))
+        return 0;
+    void (*k)(gf_mv, gf_mv, int) = UL == 1 ? (pa.ss ? gf_mv2_kernel<gf_mvs_q6_K, 1, GF_NORM_IN>
+                                                    : gf_mv2_kernel<gf_mvs_q6_K, 1, GF_NORM_NONE>)
+                                           : (pa.ss ? gf_mv2_kernel<gf_mvs_q6_K, 2, GF_NORM_IN>
+                                                    : gf_mv2_kernel<gf_mvs_q6_K, 2, GF_NORM_NONE>);
+    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<gf_mvs_q6_K>(UL, S, false);
+    static int per_sm[2][2];   /* for each UL and norm */
+    int *ps = &per_sm[UL - 1][pa.ss != NULL];
+    if (smem > 48 * 1024 && gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) != gpuSuccess)
+        return 0;
+    int sms = gf_per_sm(k, threads, smem, ps), wave = sms * (*ps ? *ps : 1);
+    int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1];
+    int ta = (ra + GF_MVK_SUB * (2 / UL) - 1) / (GF_MVK_SUB * (2 / UL)), tb = (rb + GF_MVK_SUB - 1) / GF_MVK_SUB;
+    double ba = (double)ra * pa.ldw, bb = (double)rb * pb.ldw;
+    int nb = (int)(wave * bb / (ba + bb) + 0.5);
+    nb = nb < 1 ? 1 : nb > tb ? tb : nb;
+    int na = wave - nb < 1 ? 1 : wave - nb > ta ? ta : wave - nb;
+    gf_launch(k, dim3(na + nb), threads, smem, s, pa, pb, na);
+    return 1;
+}
+
 /* For each o[i]: o[i].y = W_i · the T activation rows (af f32, and the same
  * rows quantised in c->aq/c->ads) (+ bias) (+ y when accumulate). gpu_gemm
  * takes prompts whose type it supports; the matrix-vector kernels the rest,
@@ -3271,10 +3339,12 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         }
         done[i] = 1;
     }
+    gf_mv ps[GF_PARTS];   /* the launches: a product of each type and width */
+    int types[GF_PARTS], nts[GF_PARTS], np = 0;
     for (int i = 0; i < n_out; i++) {
         if (done[i])
             continue;
-        gf_mv p;
+        gf_mv &p = ps[np];
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
         /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
@@ -3303,9 +3373,13 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         for (int k = p.parts; k < GF_PARTS; k++)
             p.end[k] = p.end[p.parts - 1];
         gf_mv_hand(c, &p);
-        if (gf_mv_launch(w->type, p, (T + nt - 1) / nt, nt, c->stream, err, errlen))
-            return -1;
+        types[np] = w->type, nts[np++] = nt;
     }
+    if (np == 2 && T == 1 && gf_mv2_launch(ps, types, c->stream))
+        np = 0;
+    for (int i = 0; i < np; i++)
+        if (gf_mv_launch(types[i], ps[i], (T + nts[i] - 1) / nts[i], nts[i], c->stream, err, errlen))
+            return -1;
     c->handed = 0;
     return 0;
 }
@@ -3780,7 +3854,7 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
 static const char *gf_trace_name(const gf_trace_grid *g)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
-                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx"};
+                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx", "mv2"};
     return g->tag < GT_N ? names[g->tag] : "?";
 }
 

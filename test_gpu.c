@@ -1063,10 +1063,11 @@ static void tg_formats(void)
  * alone), with 32 heads of 128 so that wo is 4,096 wide (its norm-handing
  * form at one unit a lane, two slices: gf_hand_slices); Q4_K_M of 4 layers,
  * whose layers 2 and 3 hold a Q6_K v and down (synth's rule for the layers
- * of more bits): a Q4_K down hands to a q/k/v of two launches, a Q6_K down
- * to the next. On sm_90 these products' few blocks (16 groups of 32 rows)
- * run in pairs (gf_pair_meet): the logits bit for bit with
- * STRATA_GPU_NO_PAIRS=1's block a group. */
+ * of more bits): a Q4_K down hands to a q/k/v of two products in one
+ * launch (gf_mv2_kernel: the logits bit for bit with STRATA_GPU_NO_MV2=1's
+ * launch each), a Q6_K down to the next. On sm_90 these products' few
+ * blocks (16 groups of 32 rows) run in pairs (gf_pair_meet): the logits bit
+ * for bit with STRATA_GPU_NO_PAIRS=1's block a group. */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
@@ -1095,6 +1096,8 @@ static void tg_handoff(void)
         snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
         tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
         tg_same(label, path, "STRATA_GPU_NO_PAIRS");
+        if (i == 2)
+            tg_same(label, path, "STRATA_GPU_NO_MV2");
         remove(path);
     }
 }
