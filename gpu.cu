@@ -3048,14 +3048,26 @@ static int gf_mvs_smem(int UL, int S, bool ne)
     return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL, ne) * GPU_WARP * 16;
 }
 
+/* Whether kernel k may launch with smem bytes of shared memory of its own
+ * (dynamic): what passes 48 KB with the kernel's static arrays must be
+ * asked for first, so every size is asked once (*asked: the most granted so
+ * far). A stage of exactly 48 KB (the Q6_K experts' down of
+ * 12,288 columns) failed to launch where only more was asked for. */
+template <class K>
+static bool gf_smem_ask(K k, int smem, int *asked)
+{
+    if (smem > *asked && gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess)
+        *asked = smem;
+    return smem <= *asked;
+}
+
 template <class F, int UL, int NORM, bool NE>
 static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
     void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM, NE>;
     int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S, NE);
-    static int per_sm[GF_MVK_SMAX + 1], asked[GF_MVK_SMAX + 1];
-    if (smem > 48 * 1024 && !asked[S])   /* past 48 KB a launch asks (a refusal shows as its error) */
-        asked[S] = gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) == gpuSuccess;
+    static int per_sm[GF_MVK_SMAX + 1], asked;
+    (void)gf_smem_ask(k, smem, &asked);   /* (a refusal shows as the launch's error) */
     gf_mv q = p;
     dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], &q, groups, GF_MVK_SUB);
     gf_launch_sliced(k, grid, threads, smem, s, q);
@@ -3298,9 +3310,9 @@ static int gf_mv2_launch(const gf_mv *p, const int *t, gpuStream_t s)
                                            : (pa.ss ? gf_mv2_kernel<gf_mvs_q6_K, 2, GF_NORM_IN>
                                                     : gf_mv2_kernel<gf_mvs_q6_K, 2, GF_NORM_NONE>);
     int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<gf_mvs_q6_K>(UL, S, false);
-    static int per_sm[2][2];   /* for each UL and norm */
+    static int per_sm[2][2], asked[2][2];   /* for each UL and norm */
     int *ps = &per_sm[UL - 1][pa.ss != NULL];
-    if (smem > 48 * 1024 && gpuFuncSetAttribute(k, gpuFuncAttributeMaxDynamicSharedMemorySize, smem) != gpuSuccess)
+    if (!gf_smem_ask(k, smem, &asked[UL - 1][pa.ss != NULL]))
         return 0;
     int sms = gf_per_sm(k, threads, smem, ps), wave = sms * (*ps ? *ps : 1);
     int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1];

@@ -783,7 +783,7 @@ static void tg_logits_row(void)
  * n_embd wide, experts n_ff_exp wide: the decode step's experts side by
  * side take the Q4_K kernel (Q4_K) or the staged one (Q6_K, Q8_0: a run of
  * the staged rows an expert, one superblock long at 256 columns, three at
- * 768, a warp's runs cut at its slice's ends), handing the next norm on; the Q8_0 gate/up
+ * 768, ten at 2560, a warp's runs cut at its slice's ends), handing the next norm on; the Q8_0 gate/up
  * stacks at 2304 take gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
  * Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
  * its path, or NULL. */
@@ -822,6 +822,10 @@ static void tg_moe(void)
         return;
     const char *path = tg_moe_model("Q6_K", "n_embd=256", "n_ff_exp=768");
     if (path)
+        remove(path);
+    /* four experts of 2560 side by side: two units a lane, three slices, a
+     * stage of exactly 48 KB (the shape of a Qwen3-235B-A22B's experts' down) */
+    if ((path = tg_moe_model("Q6_K", "n_embd=256", "n_ff_exp=2560")) != NULL)
         remove(path);
     if ((path = tg_moe_model("Q8_0", "n_embd=2304", "n_ff_exp=256")) != NULL) {
         /* the norm and router kernel: the two kernels' logits */
