@@ -1183,11 +1183,17 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
  * 640 tiles, then runs a second round on a fifth of its blocks) */
 #define GF_MVK_ONE(UL, NORM) ((UL) == 1 && (NORM) != GF_NORM_OUT)
 
+/* gf_mvk_kernel's rows a tile: 2 / UL a warp, GF_MVK_SUB warps a slice */
+static constexpr __host__ __device__ int gf_mvk_rt(int UL)
+{
+    return GF_MVK_SUB * (2 / UL);
+}
+
 /* gf_mvk_kernel's block bx of the product's nbx (gf_block_tiles) */
 template <int UL, int NORM>
 static __device__ __forceinline__ void gf_mvk_run(const gf_mv &p, int bx, int nbx)
 {
-    enum { R = 2 / UL, RT = GF_MVK_SUB * R };
+    enum { R = 2 / UL, RT = gf_mvk_rt(UL) };
     __shared__ float part[2][GF_MVK_SMAX][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
     int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
@@ -3023,10 +3029,10 @@ static void gf_launch_sliced(void (*k)(gf_mv), dim3 grid, int threads, int smem,
 template <int UL, int NORM>
 static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP, rt = GF_MVK_SUB * (2 / UL);
+    int threads = S * GF_MVK_SUB * GPU_WARP;
     static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
     gf_mv q = p;
-    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], &q, groups, rt);
+    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], &q, groups, gf_mvk_rt(UL));
     gf_launch_sliced(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, q);
 }
 
@@ -3311,12 +3317,12 @@ static int gf_mv2_launch(const gf_mv *p, const int *t, gpuStream_t s)
                                                     : gf_mv2_kernel<gf_mvs_q6_K, 2, GF_NORM_NONE>);
     int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<gf_mvs_q6_K>(UL, S, false);
     static int per_sm[2][2], asked[2][2];   /* for each UL and norm */
-    int *ps = &per_sm[UL - 1][pa.ss != NULL];
-    if (!gf_smem_ask(k, smem, &asked[UL - 1][pa.ss != NULL]))
+    int f = pa.ss != NULL, *ps = &per_sm[UL - 1][f];
+    if (!gf_smem_ask(k, smem, &asked[UL - 1][f]))
         return 0;
     int sms = gf_per_sm(k, threads, smem, ps), wave = sms * (*ps ? *ps : 1);
-    int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1];
-    int ta = (ra + GF_MVK_SUB * (2 / UL) - 1) / (GF_MVK_SUB * (2 / UL)), tb = (rb + GF_MVK_SUB - 1) / GF_MVK_SUB;
+    int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1];   /* tiles: gf_mvk_rt(UL) rows, and GF_MVK_SUB */
+    int ta = (ra + gf_mvk_rt(UL) - 1) / gf_mvk_rt(UL), tb = (rb + GF_MVK_SUB - 1) / GF_MVK_SUB;
     double ba = (double)ra * pa.ldw, bb = (double)rb * pb.ldw;
     int nb = (int)(wave * bb / (ba + bb) + 0.5);
     nb = nb < 1 ? 1 : nb > tb ? tb : nb;

@@ -783,10 +783,10 @@ static void tg_logits_row(void)
  * n_embd wide, experts n_ff_exp wide: the decode step's experts side by
  * side take the Q4_K kernel (Q4_K) or the staged one (Q6_K, Q8_0: a run of
  * the staged rows an expert, one superblock long at 256 columns, three at
- * 768, ten at 2560, a warp's runs cut at its slice's ends), handing the next norm on; the Q8_0 gate/up
- * stacks at 2304 take gf_mvs_kernel; a 48-token prompt's experts take gf_mvx_kernel (Q4_K,
- * Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
- * its path, or NULL. */
+ * 768, ten at 2560, a warp's runs cut at its slice's ends), handing the
+ * next norm on; the Q8_0 gate/up stacks at 2304 take gf_mvs_kernel; a
+ * 48-token prompt's experts take gf_mvx_kernel (Q4_K, Q6_K, Q8_0; checked
+ * against gpu_gemm's path too) or gpu_gemm. Returns its path, or NULL. */
 static const char *tg_moe_model(const char *type, const char *n_embd, const char *n_ff_exp)
 {
     static char path[64];
