@@ -1007,16 +1007,27 @@ __global__ void __launch_bounds__(GF_ROW_THREADS) gf_mvrow_kernel(gf_mv p)
  * loads are issued before this round's arithmetic. The first round's loads
  * go out before the kernel waits for the one ahead (weights are no kernel's
  * output), so they overlap its tail and the activation work. Rows wider
- * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each; a
- * round's partial sums meet in shared memory and are added in slice order
- * (deterministic). The grid is sized to the resident blocks and walks the
- * row tiles; a product that hands on a norm (gf_mv.nw) runs a block for
- * each 32 rows instead (or a pair, gf_pair_meet), which writes their int8
- * block at its end.
+ * than 32·UL units are cut into S column slices of GF_MVK_SUB warps each
+ * (of half as many past GF_MVK_SMAX slices: gf_mvk_sub); a round's partial
+ * sums meet in shared memory and are added in slice order (deterministic).
+ * The grid is sized to the resident blocks and walks the row tiles; a
+ * product that hands on a norm (gf_mv.nw) runs a block for each 32 rows
+ * instead (or a pair, gf_pair_meet), which writes their int8 block at its
+ * end.
  * (Quantising the activation in each block instead of in gf_act_kernel
  * before it was tried: slower on the H200, BENCH.md.) */
 #define GF_MVK_SUB 4     /* warps per column slice: a tile is GF_MVK_SUB·R rows (2 measured no faster) */
-#define GF_MVK_SMAX 4    /* most slices: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
+#define GF_MVK_SMAX 4    /* slices of GF_MVK_SUB warps: rows of up to 4 · 2 · 32 units of 64 = 16384 columns */
+#define GF_MVK_WIDE 8    /* most slices, of GF_MVK_SUB / 2 warps past GF_MVK_SMAX: up to 32768 columns */
+
+/* the warps of a slice in a block of S slices: a block holds at most
+ * GF_MVK_SMAX · GF_MVK_SUB warps, so the wider rows (a Qwen3-32B's or a
+ * Llama-3-70B's ffn_down, 25,600 and 28,672 columns) run tiles of half the
+ * rows on more slices of fewer warps */
+static constexpr __host__ __device__ int gf_mvk_sub(int S)
+{
+    return S <= GF_MVK_SMAX ? GF_MVK_SUB : GF_MVK_SUB / 2;
+}
 
 /* RMSNorm's arithmetic, one definition for the kernels that form it, so
  * that they agree bit for bit: a float4's squares in double, added in this
@@ -1183,20 +1194,21 @@ static __device__ __forceinline__ void gf_mvk_fetch(const gf_mv &p, int r0, int 
  * 640 tiles, then runs a second round on a fifth of its blocks) */
 #define GF_MVK_ONE(UL, NORM) ((UL) == 1 && (NORM) != GF_NORM_OUT)
 
-/* gf_mvk_kernel's rows a tile: 2 / UL a warp, GF_MVK_SUB warps a slice */
-static constexpr __host__ __device__ int gf_mvk_rt(int UL)
+/* gf_mvk_kernel's rows a tile: 2 / UL a warp, SUB warps a slice */
+static constexpr __host__ __device__ int gf_mvk_rt(int UL, int SUB)
 {
-    return GF_MVK_SUB * (2 / UL);
+    return SUB * (2 / UL);
 }
 
-/* gf_mvk_kernel's block bx of the product's nbx (gf_block_tiles) */
-template <int UL, int NORM>
+/* gf_mvk_kernel's block bx of the product's nbx (gf_block_tiles), its
+ * slices of SUB warps (gf_mvk_sub) */
+template <int UL, int NORM, int SUB>
 static __device__ __forceinline__ void gf_mvk_run(const gf_mv &p, int bx, int nbx)
 {
-    enum { R = 2 / UL, RT = gf_mvk_rt(UL) };
-    __shared__ float part[2][GF_MVK_SMAX][RT];
+    enum { R = 2 / UL, RT = gf_mvk_rt(UL, SUB) };
+    __shared__ float part[2][GF_MVK_SMAX * GF_MVK_SUB / SUB][RT];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
-    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int slice = warp / SUB, sub = warp % SUB, S = blockDim.x / (SUB * GPU_WARP);
     int U = p.n / 256 * 4, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* this lane's units: u = (slice·UL + k)·32 + lane, superblock u/4, pair u%4 */
     int ub[UL];
@@ -1285,12 +1297,12 @@ static __device__ __forceinline__ void gf_mvk_run(const gf_mv &p, int bx, int nb
         gf_block_norm_out(p, r0, total, xo, nw);
 }
 
-template <int UL, int NORM>
-__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
+template <int UL, int NORM, int SUB>
+__global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? SUB * GPU_WARP : GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP,
                                   GF_MVK_ONE(UL, NORM) ? 5 : 1) gf_mvk_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVK);
-    gf_mvk_run<UL, NORM>(p, blockIdx.x, gridDim.x);
+    gf_mvk_run<UL, NORM, SUB>(p, blockIdx.x, gridDim.x);
 }
 
 /* ==== the decode kernel of the other formats: staged rows, the activation in registers ====
@@ -1508,15 +1520,15 @@ static constexpr __host__ __device__ int gf_mvs_nvl(int UL, bool ne)
  * warp's superblocks lie in runs, one in each expert's row, each run's
  * 16-byte cover after the last in the stage, and each unit's expert weight
  * rides on its activation's scales (gf_mvk_kernel's way) */
-template <class F, int UL, int NORM, bool NE>
-static __device__ __forceinline__ void gf_mvs_run(const gf_mv &p, int bx, int nbx)   /* (gf_mvk_run's bx, nbx) */
+template <class F, int UL, int NORM, bool NE, int SUB>
+static __device__ __forceinline__ void gf_mvs_run(const gf_mv &p, int bx, int nbx)   /* (gf_mvk_run's bx, nbx, SUB) */
 {
-    enum { RT = GF_MVK_SUB, NVL = gf_mvs_nvl<F>(UL, NE) };
+    enum { RT = SUB, NVL = gf_mvs_nvl<F>(UL, NE) };
     enum { SBW = GPU_WARP / F::UPS };   /* a warp's units' superblocks */
-    __shared__ float part[2][GF_MVK_SMAX][RT];
+    __shared__ float part[2][GF_MVK_SMAX * GF_MVK_SUB / SUB][RT];
     extern __shared__ int4 gf_mvs_stage[];   /* a warp's NVL·32 vectors each */
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
-    int slice = warp / GF_MVK_SUB, sub = warp % GF_MVK_SUB, S = blockDim.x / (GF_MVK_SUB * GPU_WARP);
+    int slice = warp / SUB, sub = warp % SUB, S = blockDim.x / (SUB * GPU_WARP);
     int U = p.n / 64, total = p.end[p.parts - 1], tiles = (total + RT - 1) / RT;
     /* the slice's superblocks [sb0, sb0 + nsb): bytes from b0 of each row */
     int sb0 = slice * UL * SBW, nsb = min(UL * SBW, U / F::UPS - sb0);
@@ -1643,11 +1655,11 @@ static __device__ __forceinline__ void gf_mvs_run(const gf_mv &p, int bx, int nb
         gf_block_norm_out(p, r0, total, xo, nw);
 }
 
-template <class F, int UL, int NORM, bool NE>
+template <class F, int UL, int NORM, bool NE, int SUB>
 __global__ void __launch_bounds__(GF_MVK_SMAX * GF_MVK_SUB * GPU_WARP) gf_mvs_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVS);
-    gf_mvs_run<F, UL, NORM, NE>(p, blockIdx.x, gridDim.x);
+    gf_mvs_run<F, UL, NORM, NE, SUB>(p, blockIdx.x, gridDim.x);
 }
 
 /* Two one-row products in one launch (gf_mv2_launch): a Q4_K_M layer's
@@ -1663,9 +1675,9 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
 {
     GPU_TRACE(GT_MV2);
     if ((int)blockIdx.x < nb1)
-        gf_mvk_run<UL, NORM>(p1, blockIdx.x, nb1);
+        gf_mvk_run<UL, NORM, GF_MVK_SUB>(p1, blockIdx.x, nb1);
     else
-        gf_mvs_run<F, UL, NORM, false>(p2, blockIdx.x - nb1, gridDim.x - nb1);
+        gf_mvs_run<F, UL, NORM, false, GF_MVK_SUB>(p2, blockIdx.x - nb1, gridDim.x - nb1);
 }
 
 /* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
@@ -2935,7 +2947,7 @@ static int gf_mvk_shape(int n, int *UL)
 {
     *UL = n / 256 * 4 <= GPU_WARP ? 1 : 2;
     int S = gf_mvk_slices(n, *UL);
-    return S <= GF_MVK_SMAX ? S : 0;
+    return S <= GF_MVK_WIDE ? S : 0;
 }
 
 /* Launches kernel k with programmatic dependent launch where the device has
@@ -3026,14 +3038,21 @@ static void gf_launch_sliced(void (*k)(gf_mv), dim3 grid, int threads, int smem,
 #endif
 }
 
+/* the slices' warps of the kernels of UL units a lane: past GF_MVK_SMAX
+ * slices half as many (gf_mvk_sub), which only rows of two units a lane
+ * have (UL 1 is one slice but where a norm handed on takes 2-4) */
+template <int UL> struct gf_wide { enum { SUB = UL == 2 ? GF_MVK_SUB / 2 : GF_MVK_SUB }; };
+
 template <int UL, int NORM>
 static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    int threads = S * GF_MVK_SUB * GPU_WARP;
-    static int per_sm[GF_MVK_SMAX + 1];   /* for each slice count */
+    void (*k)(gf_mv) =
+        S > GF_MVK_SMAX ? gf_mvk_kernel<UL, NORM, gf_wide<UL>::SUB> : gf_mvk_kernel<UL, NORM, GF_MVK_SUB>;
+    int sub = gf_mvk_sub(S), threads = S * sub * GPU_WARP;
+    static int per_sm[GF_MVK_WIDE + 1];   /* for each slice count */
     gf_mv q = p;
-    dim3 grid = gf_sliced_grid<NORM>(gf_mvk_kernel<UL, NORM>, threads, 0, &per_sm[S], &q, groups, gf_mvk_rt(UL));
-    gf_launch_sliced(gf_mvk_kernel<UL, NORM>, grid, threads, 0, s, q);
+    dim3 grid = gf_sliced_grid<NORM>(k, threads, 0, &per_sm[S], &q, groups, gf_mvk_rt(UL, sub));
+    gf_launch_sliced(k, grid, threads, 0, s, q);
 }
 
 template <int UL>
@@ -3051,7 +3070,7 @@ static void gf_mvk_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
 template <class F>
 static int gf_mvs_smem(int UL, int S, bool ne)
 {
-    return S * GF_MVK_SUB * gf_mvs_nvl<F>(UL, ne) * GPU_WARP * 16;
+    return S * gf_mvk_sub(S) * gf_mvs_nvl<F>(UL, ne) * GPU_WARP * 16;
 }
 
 /* Whether kernel k may launch with smem bytes of shared memory of its own
@@ -3070,12 +3089,14 @@ static bool gf_smem_ask(K k, int smem, int *asked)
 template <class F, int UL, int NORM, bool NE>
 static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 {
-    void (*k)(gf_mv) = gf_mvs_kernel<F, UL, NORM, NE>;
-    int threads = S * GF_MVK_SUB * GPU_WARP, smem = gf_mvs_smem<F>(UL, S, NE);
-    static int per_sm[GF_MVK_SMAX + 1], asked;
-    (void)gf_smem_ask(k, smem, &asked);   /* (a refusal shows as the launch's error) */
+    int wide = S > GF_MVK_SMAX, sub = gf_mvk_sub(S);
+    void (*k)(gf_mv) =
+        wide ? gf_mvs_kernel<F, UL, NORM, NE, gf_wide<UL>::SUB> : gf_mvs_kernel<F, UL, NORM, NE, GF_MVK_SUB>;
+    int threads = S * sub * GPU_WARP, smem = gf_mvs_smem<F>(UL, S, NE);
+    static int per_sm[GF_MVK_WIDE + 1], asked[2];   /* for each slice count; each kernel */
+    (void)gf_smem_ask(k, smem, &asked[wide]);   /* (a refusal shows as the launch's error) */
     gf_mv q = p;
-    dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], &q, groups, GF_MVK_SUB);
+    dim3 grid = gf_sliced_grid<NORM>(k, threads, smem, &per_sm[S], &q, groups, sub);
     gf_launch_sliced(k, grid, threads, smem, s, q);
 }
 
@@ -3309,7 +3330,7 @@ static int gf_mv2_launch(const gf_mv *p, const int *t, gpuStream_t s)
     const gf_mv &pa = p[a], &pb = p[1 - a];
     if (t[a] != QT_Q4_K || t[1 - a] != QT_Q6_K || pa.n != pb.n || pa.nw || pb.nw || pa.ne || pb.ne ||
         !gf_mvk_takes(QT_Q4_K, pa.n, &UL, &S) || !gf_mvs_takes<gf_q6_K>(pb.n, 0, &UL2, &S2) || UL != UL2 ||
-        S != S2 || gf_env("STRATA_GPU_NO_MV2"))
+        S != S2 || S > GF_MVK_SMAX || gf_env("STRATA_GPU_NO_MV2"))
         return 0;
     void (*k)(gf_mv, gf_mv, int) = UL == 1 ? (pa.ss ? gf_mv2_kernel<gf_mvs_q6_K, 1, GF_NORM_IN>
                                                     : gf_mv2_kernel<gf_mvs_q6_K, 1, GF_NORM_NONE>)
@@ -3321,8 +3342,8 @@ static int gf_mv2_launch(const gf_mv *p, const int *t, gpuStream_t s)
     if (!gf_smem_ask(k, smem, &asked[UL - 1][f]))
         return 0;
     int sms = gf_per_sm(k, threads, smem, ps), wave = sms * (*ps ? *ps : 1);
-    int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1];   /* tiles: gf_mvk_rt(UL) rows, and GF_MVK_SUB */
-    int ta = (ra + gf_mvk_rt(UL) - 1) / gf_mvk_rt(UL), tb = (rb + GF_MVK_SUB - 1) / GF_MVK_SUB;
+    int ra = pa.end[pa.parts - 1], rb = pb.end[pb.parts - 1], rt = gf_mvk_rt(UL, GF_MVK_SUB);   /* tiles: rt rows, */
+    int ta = (ra + rt - 1) / rt, tb = (rb + GF_MVK_SUB - 1) / GF_MVK_SUB;   /* and GF_MVK_SUB */
     double ba = (double)ra * pa.ldw, bb = (double)rb * pb.ldw;
     int nb = (int)(wave * bb / (ba + bb) + 0.5);
     nb = nb < 1 ? 1 : nb > tb ? tb : nb;

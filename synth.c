@@ -1,6 +1,6 @@
 /*
  * synth.c — `strata synth`: writes random-weight models of real shapes
- * (Qwen3-0.6B/8B, Qwen3-30B-A3B, Llama-3-8B, or any shape given by --set) for
+ * (Qwen3-0.6B/8B/32B, Qwen3-30B-A3B, Llama-3-8B, or any shape given by --set) for
  * benchmarks and tests, with the tokenizer copied from a vocabulary GGUF.
  *
  * Weights are quantised by quant.c's own quantisers (the IQ2/IQ3 lattice
@@ -36,6 +36,8 @@ static const struct shape shapes[] = {
     {"qwen3-30b-a3b", "qwen3moe", 151936, 2048, 48, 32, 4, 128, 6144, 128, 8, 768, 40960, 0,
      1e6f, 1e-6f},
     {"llama3-8b", "llama", 128256, 4096, 32, 32, 8, 128, 14336, 0, 0, 0, 131072, 0, 5e5f, 1e-5f},
+    /* Qwen3-32B (its config.json): ffn_down 25,600 columns wide */
+    {"qwen3-32b", "qwen3", 151936, 5120, 64, 64, 8, 128, 25600, 0, 0, 0, 40960, 0, 1e6f, 1e-6f},
 };
 
 /* ---- random numbers: xorshift64*, enough for weights ---- */
@@ -322,7 +324,7 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
             while (k < sizeof shapes / sizeof shapes[0] && strcmp(shapes[k].name, v) != 0)
                 k++;
             if (k == sizeof shapes / sizeof shapes[0]) {
-                snprintf(err, errlen, "synth: unknown shape '%s' (qwen3-0.6b qwen3-8b "
+                snprintf(err, errlen, "synth: unknown shape '%s' (qwen3-0.6b qwen3-8b qwen3-32b "
                          "qwen3-30b-a3b llama3-8b)", v);
                 return -1;
             }

@@ -909,7 +909,8 @@ done:
  * (decode: gf_mvk_kernel against the staged kernel) and with 2..16 (a step
  * of that many sequences: gf_mvq_kernel against gf_mv_kernel); then the
  * Q6_K matrices of a Q4_K_M file (attn_v, ffn_down and the head of half the
- * layers, `strata synth --type q4_k_m`) and Q8_0's, one row. */
+ * layers, `strata synth --type q4_k_m`) and Q8_0's, one row; and a
+ * Qwen3-32B's down (25,600 wide) in each of the three. */
 static void tg_bench_mv(void)
 {
     static const struct { const char *what; int type, n, rows, tmax; } sh[] = {
@@ -919,7 +920,9 @@ static void tg_bench_mv(void)
         {"30b expert gate", QT_Q4_K, 2048, 768, 16}, {"30b expert down", QT_Q4_K, 768, 2048, 16},
         {"8b v", QT_Q6_K, 4096, 1024, 1}, {"8b down", QT_Q6_K, 12288, 4096, 1},
         {"8b head", QT_Q6_K, 4096, 151936, 1}, {"8b gate+up", QT_Q8_0, 4096, 24576, 1},
-        {"8b down", QT_Q8_0, 12288, 4096, 1}, {"8b head", QT_Q8_0, 4096, 151936, 1}};
+        {"8b down", QT_Q8_0, 12288, 4096, 1}, {"8b head", QT_Q8_0, 4096, 151936, 1},
+        {"32b down", QT_Q4_K, 25600, 5120, 1}, {"32b down", QT_Q6_K, 25600, 5120, 1},
+        {"32b down", QT_Q8_0, 25600, 5120, 1}};
     if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K, Q6_K, Q8_0)"))
         return;
     /* T = 1 as a decode step multiplies; 2..16 as a step of that many sequences */
@@ -1071,37 +1074,42 @@ static void tg_formats(void)
  * launch (gf_mv2_kernel: the logits bit for bit with STRATA_GPU_NO_MV2=1's
  * launch each), a Q6_K down to the next. On sm_90 these products' few
  * blocks (16 groups of 32 rows) run in pairs (gf_pair_meet): the logits bit
- * for bit with STRATA_GPU_NO_PAIRS=1's block a group. */
+ * for bit with STRATA_GPU_NO_PAIRS=1's block a group. And a Q4_K_M model
+ * whose down is 25,600 wide (a Qwen3-32B's), past 16,384 columns: slices
+ * of two warps (gf_mvk_sub), its Q4_K and Q6_K downs handing their norms. */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
                         "the next and not: GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const char *types[] = {"Q4_K", "Q8_0", "Q4_K_M"};
-    for (int i = 0; i < 3; i++) {
-        char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf", label[96], type[16], layers[16];
-        char heads[16], kv_heads[16], dim[16];
-        snprintf(type, sizeof type, "%s", types[i]);
-        snprintf(layers, sizeof layers, "n_layer=%d", i == 2 ? 4 : 3);
-        snprintf(heads, sizeof heads, "n_head=%d", i == 1 ? 32 : 8);
-        snprintf(kv_heads, sizeof kv_heads, "n_head_kv=%d", i == 1 ? 8 : 2);
-        snprintf(dim, sizeof dim, "head_dim=%d", i == 1 ? 128 : 64);
-        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=512", "--set", layers, "--set", heads,
-                        "--set", kv_heads, "--set", dim, "--set", "n_ff=1536", "--set", "n_vocab=2000",
-                        "--type", type, "-o", path};
+    static const struct { const char *type; int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff; } ms[] = {
+        {"Q4_K", 512, 3, 8, 2, 64, 1536}, {"Q8_0", 512, 3, 32, 8, 128, 1536},
+        {"Q4_K_M", 512, 4, 8, 2, 64, 1536}, {"Q4_K_M", 256, 4, 4, 2, 64, 25600}};
+    for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
+        char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf", label[96], set[6][24];
+        snprintf(set[0], sizeof set[0], "n_embd=%d", ms[i].n_embd);
+        snprintf(set[1], sizeof set[1], "n_layer=%d", ms[i].n_layer);
+        snprintf(set[2], sizeof set[2], "n_head=%d", ms[i].n_head);
+        snprintf(set[3], sizeof set[3], "n_head_kv=%d", ms[i].n_head_kv);
+        snprintf(set[4], sizeof set[4], "head_dim=%d", ms[i].head_dim);
+        snprintf(set[5], sizeof set[5], "n_ff=%d", ms[i].n_ff);
+        char *argv[] = {"synth", "--arch", "qwen3", "--set", set[0], "--set", set[1], "--set", set[2], "--set", set[3],
+                        "--set", set[4], "--set", set[5], "--set", "n_vocab=2000", "--type", (char *)ms[i].type,
+                        "-o", path};
         if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
             return;
-        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512, handoff", type);
+        char model[64];
+        snprintf(model, sizeof model, "qwen3-synth-%s %s %s", ms[i].type, set[0], set[5]);
+        snprintf(label, sizeof label, "%s, handoff", model);
         tg_random_model(label, path, 8);
         setenv("STRATA_GPU_NO_HANDOFF", "1", 1);
-        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512, STRATA_GPU_NO_HANDOFF=1", type);
+        snprintf(label, sizeof label, "%s, STRATA_GPU_NO_HANDOFF=1", model);
         tg_random_model(label, path, 8);
         unsetenv("STRATA_GPU_NO_HANDOFF");
-        snprintf(label, sizeof label, "qwen3-synth-%s n_embd=512", type);
-        tg_same_or_not(label, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
-        tg_same(label, path, "STRATA_GPU_NO_PAIRS");
-        if (i == 2)
-            tg_same(label, path, "STRATA_GPU_NO_MV2");
+        tg_same_or_not(model, path, "STRATA_GPU_NO_HANDOFF", 0, 8);
+        tg_same(model, path, "STRATA_GPU_NO_PAIRS");
+        if (!strcmp(ms[i].type, "Q4_K_M"))
+            tg_same(model, path, "STRATA_GPU_NO_MV2");
         remove(path);
     }
 }
@@ -1150,22 +1158,27 @@ void test_gpu(void)
                                 QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S};
     /* rows of several chunks of the decode kernels (161 blocks of 32 start
      * rows off 16-byte boundaries); K-quants also at the widths that take
-     * one, two and three column slices of the Q4_K kernel. 67 rows take the
-     * block-a-row decode kernel (too few rows for the SMs), 2240 the staged
-     * one (on up to 140 SMs), where no one-row kernel of the type's own
-     * (gf_mvk_kernel, gf_mvs_kernel) takes the width. */
+     * one, two and three column slices of the Q4_K kernel, and at 25,600 (a
+     * Qwen3-32B's down: seven slices of two warps, gf_mvk_sub; 700 rows are
+     * several rounds a block). 67 rows take the block-a-row decode kernel
+     * (too few rows for the SMs), 2240 the staged one (on up to 140 SMs),
+     * where no one-row kernel of the type's own (gf_mvk_kernel,
+     * gf_mvs_kernel) takes the width. */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int k = quant_type(types[i])->blck == 256;
         tg_matvec_type(types[i], k ? 5120 : 5152, 67);
         tg_matvec_type(types[i], k ? 5120 : 5152, 2240);
+        int wide = types[i] == QT_Q4_K || types[i] == QT_Q6_K || types[i] == QT_Q8_0 ? 700 : 67;
         if (k) {
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
+            tg_matvec_type(types[i], 25600, wide);
         }
         if (types[i] == QT_Q8_0 || types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288:
                                                                   a stage over 48 KB) */
             tg_matvec_type(types[i], 5120, 67);   /* and gf_mvq_kernel (batches) */
             tg_matvec_type(types[i], 12288, 67);
+            tg_matvec_type(types[i], 25600, wide);
         }
     }
     tg_kv_store();
