@@ -1159,8 +1159,8 @@ void test_gpu(void)
     /* rows of several chunks of the decode kernels (161 blocks of 32 start
      * rows off 16-byte boundaries); K-quants also at the widths that take
      * one, two and three column slices of the Q4_K kernel, and at 25,600 (a
-     * Qwen3-32B's down: seven slices of two warps, gf_mvk_sub; 700 rows are
-     * several rounds a block). 67 rows take the block-a-row decode kernel
+     * Qwen3-32B's down: seven slices of two warps, gf_mvk_sub; 300 rows are
+     * two rounds on some blocks). 67 rows take the block-a-row decode kernel
      * (too few rows for the SMs), 2240 the staged one (on up to 140 SMs),
      * where no one-row kernel of the type's own (gf_mvk_kernel,
      * gf_mvs_kernel) takes the width. */
@@ -1168,7 +1168,7 @@ void test_gpu(void)
         int k = quant_type(types[i])->blck == 256;
         tg_matvec_type(types[i], k ? 5120 : 5152, 67);
         tg_matvec_type(types[i], k ? 5120 : 5152, 2240);
-        int wide = types[i] == QT_Q4_K || types[i] == QT_Q6_K || types[i] == QT_Q8_0 ? 700 : 67;
+        int wide = types[i] == QT_Q4_K || types[i] == QT_Q6_K || types[i] == QT_Q8_0 ? 300 : 67;
         if (k) {
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
