@@ -3665,13 +3665,18 @@ static gf_qkv gf_qkv_of(struct gpu_ctx *c)
  * no gf_act_kernel between them), where it can: one token of one sequence,
  * every product in a kernel with the handed-on forms (gf_hand_takes; an
  * experts' product: its experts side by side, ne columns each), x in whole
- * blocks of 32; nw NULL: never. STRATA_GPU_NO_HANDOFF=1 never does, for comparisons.
+ * blocks of 32, at most one for each SM (the product runs a block for each
+ * 32 rows: more are a second round of blocks, slower than the plain
+ * product and the norm kernel: a Qwen3-32B's 160 on the H200's 132 SMs,
+ * +13% without, BENCH.md thirty-eighth pass); nw NULL: never.
+ * STRATA_GPU_NO_HANDOFF=1 never does, for comparisons.
  * gf_hand_end after the product: c->handed then says whether the norm was
  * handed on (its readers' launches, gf_mv_hand, spend it). */
 static void gf_hand_begin(struct gpu_ctx *c, int type, int n, int ne, const float *nw,
                           const struct gf_mat *const *to, int n_to, int T)
 {
-    int ok = nw && T == 1 && !c->rows && c->g->hp.n_embd % GF_AB == 0 && gf_hand_takes(type, n, ne) &&
+    int D = c->g->hp.n_embd;
+    int ok = nw && T == 1 && !c->rows && D % GF_AB == 0 && D / GF_AB <= gf_sms() && gf_hand_takes(type, n, ne) &&
              !gf_env("STRATA_GPU_NO_HANDOFF");
     for (int i = 0; ok && i < n_to; i++)
         ok = gf_hand_takes(to[i]->type, to[i]->n, 0);
@@ -4285,6 +4290,11 @@ int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host)
 {
     return gpuMemcpy(dst, src, bytes, to_host ? gpuMemcpyDeviceToHost : gpuMemcpyHostToDevice) == gpuSuccess
                ? 0 : -1;
+}
+
+int gpu_test_sms(void)
+{
+    return gf_sms();
 }
 
 /* The end of a test's launches on c's stream (rc: how they went): wait for

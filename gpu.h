@@ -157,6 +157,8 @@ double gpu_gemm_test_ms(int type, const void *w, size_t ldw, int n, int rows, co
 void *gpu_test_alloc(size_t bytes);
 void gpu_test_free(void *p);
 int gpu_test_copy(void *dst, const void *src, size_t bytes, int to_host);
+/* the device's SMs (compute units) */
+int gpu_test_sms(void);
 /* y (T, rows) = rows of w (host: `type` blocks, ldw bytes each) · a (T, n),
  * through the forward pass's matrix-vector kernels (T == 1: the decode
  * kernel; more: the batched one), the activations formed and quantised on

@@ -1061,6 +1061,26 @@ static void tg_formats(void)
     }
 }
 
+/* a dense qwen3 model of this shape (vocabulary 2000) written by synth to
+ * path; its label ("qwen3-synth-TYPE n_embd=.. n_ff=..") in label */
+struct tg_dense { const char *type; int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff; };
+
+static int tg_dense_model(const struct tg_dense *d, const char *path, char *label, size_t cap)
+{
+    char err[256], set[6][24];
+    snprintf(set[0], sizeof set[0], "n_embd=%d", d->n_embd);
+    snprintf(set[1], sizeof set[1], "n_layer=%d", d->n_layer);
+    snprintf(set[2], sizeof set[2], "n_head=%d", d->n_head);
+    snprintf(set[3], sizeof set[3], "n_head_kv=%d", d->n_head_kv);
+    snprintf(set[4], sizeof set[4], "head_dim=%d", d->head_dim);
+    snprintf(set[5], sizeof set[5], "n_ff=%d", d->n_ff);
+    char *argv[] = {"synth", "--arch", "qwen3", "--set", set[0], "--set", set[1], "--set", set[2], "--set", set[3],
+                    "--set", set[4], "--set", set[5], "--set", "n_vocab=2000", "--type", (char *)d->type,
+                    "-o", (char *)path};
+    snprintf(label, cap, "qwen3-synth-%s %s %s", d->type, set[0], set[5]);
+    return CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err);
+}
+
 /* Dense qwen3 models whose layers hand their norms from the products into
  * x to the products after them (gf_hand_begin, one-token steps: down to
  * the next q/k/v, wo to gate/up): GPU vs CPU with the handoff and with
@@ -1076,30 +1096,22 @@ static void tg_formats(void)
  * blocks (16 groups of 32 rows) run in pairs (gf_pair_meet): the logits bit
  * for bit with STRATA_GPU_NO_PAIRS=1's block a group. And a Q4_K_M model
  * whose down is 25,600 wide (a Qwen3-32B's), past 16,384 columns: slices
- * of two warps (gf_mvk_sub), its Q4_K and Q6_K downs handing their norms. */
+ * of two warps (gf_mvk_sub), its Q4_K and Q6_K downs handing their norms.
+ * Last, a model whose x has more blocks of 32 than the device has SMs:
+ * no norm handed on (the logits bit for bit with STRATA_GPU_NO_HANDOFF=1's). */
 static void tg_handoff(void)
 {
     if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
                         "the next and not: GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const struct { const char *type; int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff; } ms[] = {
+    static const struct tg_dense ms[] = {
         {"Q4_K", 512, 3, 8, 2, 64, 1536}, {"Q8_0", 512, 3, 32, 8, 128, 1536},
         {"Q4_K_M", 512, 4, 8, 2, 64, 1536}, {"Q4_K_M", 256, 4, 4, 2, 64, 25600}};
+    const char *path = "/tmp/strata-test-gpu-handoff.gguf";
+    char model[64], label[96];
     for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
-        char err[256], path[64] = "/tmp/strata-test-gpu-handoff.gguf", label[96], set[6][24];
-        snprintf(set[0], sizeof set[0], "n_embd=%d", ms[i].n_embd);
-        snprintf(set[1], sizeof set[1], "n_layer=%d", ms[i].n_layer);
-        snprintf(set[2], sizeof set[2], "n_head=%d", ms[i].n_head);
-        snprintf(set[3], sizeof set[3], "n_head_kv=%d", ms[i].n_head_kv);
-        snprintf(set[4], sizeof set[4], "head_dim=%d", ms[i].head_dim);
-        snprintf(set[5], sizeof set[5], "n_ff=%d", ms[i].n_ff);
-        char *argv[] = {"synth", "--arch", "qwen3", "--set", set[0], "--set", set[1], "--set", set[2], "--set", set[3],
-                        "--set", set[4], "--set", set[5], "--set", "n_vocab=2000", "--type", (char *)ms[i].type,
-                        "-o", path};
-        if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
+        if (!tg_dense_model(&ms[i], path, model, sizeof model))
             return;
-        char model[64];
-        snprintf(model, sizeof model, "qwen3-synth-%s %s %s", ms[i].type, set[0], set[5]);
         snprintf(label, sizeof label, "%s, handoff", model);
         tg_random_model(label, path, 8);
         setenv("STRATA_GPU_NO_HANDOFF", "1", 1);
@@ -1110,6 +1122,12 @@ static void tg_handoff(void)
         tg_same(model, path, "STRATA_GPU_NO_PAIRS");
         if (!strcmp(ms[i].type, "Q4_K_M"))
             tg_same(model, path, "STRATA_GPU_NO_MV2");
+        remove(path);
+    }
+    int D = (gpu_test_sms() * 32 / 256 + 1) * 256;   /* the fewest 256s past 32 an SM */
+    struct tg_dense wide = {"Q4_K", D, 2, D / 128, 2, 128, 512};
+    if (tg_dense_model(&wide, path, model, sizeof model)) {
+        tg_same(model, path, "STRATA_GPU_NO_HANDOFF");
         remove(path);
     }
 }
