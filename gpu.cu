@@ -3038,10 +3038,10 @@ static void gf_launch_sliced(void (*k)(gf_mv), dim3 grid, int threads, int smem,
 #endif
 }
 
-/* the slices' warps of the kernels of UL units a lane: past GF_MVK_SMAX
- * slices half as many (gf_mvk_sub), which only rows of two units a lane
- * have (UL 1 is one slice but where a norm handed on takes 2-4) */
-template <int UL> struct gf_wide { enum { SUB = UL == 2 ? GF_MVK_SUB / 2 : GF_MVK_SUB }; };
+/* the slices' warps of the kernels of UL units a lane past GF_MVK_SMAX
+ * slices (gf_mvk_sub), which only rows of two units a lane have (UL 1 is
+ * one slice, or 2-4 where a norm is handed on) */
+template <int UL> struct gf_wide { enum { SUB = gf_mvk_sub(UL == 2 ? GF_MVK_WIDE : 1) }; };
 
 template <int UL, int NORM>
 static void gf_mvk_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
