@@ -1024,43 +1024,6 @@ done:
     model_free(m);
 }
 
-/* Q2_K, Q3_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices through a whole
- * small qwen3 in each (embedding rows, every product, the head): a 12-token
- * prompt through the decode kernels with T = 12, a 48-token one through
- * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
- * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
- * IQ2_XS. */
-static void tg_formats(void)
-{
-    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, "
-                        "IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts (bound: 1.5x CPU "
-                        "vs f32ref + 0.05)"))
-        return;
-    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
-                                        "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
-    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
-        char err[256], path[64], label[64];
-        snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
-        snprintf(label, sizeof label, "qwen3-synth-%s", types[i]);
-        char *argv[] = {"synth", "--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=2", "--set",
-                        "n_head=4", "--set", "n_head_kv=2", "--set", "head_dim=64", "--set", "n_ff=768",
-                        "--set", "n_vocab=2000", "--type", (char *)types[i], "-o", path};
-        if (!CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err))
-            continue;
-        tg_random_model(label, path, 12);
-        tg_random_model(label, path, 48);
-        remove(path);
-    }
-    /* experts side by side: the float path, and two of the four through the block-a-row and staged kernels */
-    static const char *const moe[][2] = {
-        {"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}, {"IQ2_XS", "n_embd=256"}};
-    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
-        const char *path = tg_moe_model(moe[i][0], moe[i][1], "n_ff_exp=256");
-        if (path)
-            remove(path);
-    }
-}
-
 /* a dense qwen3 model of this shape (vocabulary 2000) written by synth to
  * path; its label ("qwen3-synth-TYPE n_embd=.. n_ff=..") in label */
 struct tg_dense { const char *type; int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff; };
@@ -1079,6 +1042,40 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
                     "-o", (char *)path};
     snprintf(label, cap, "qwen3-synth-%s %s %s", d->type, set[0], set[5]);
     return CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err);
+}
+
+/* Q2_K, Q3_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices through a whole
+ * small qwen3 in each (embedding rows, every product, the head): a 12-token
+ * prompt through the decode kernels with T = 12, a 48-token one through
+ * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
+ * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
+ * IQ2_XS. */
+static void tg_formats(void)
+{
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, "
+                        "IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts (bound: 1.5x CPU "
+                        "vs f32ref + 0.05)"))
+        return;
+    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
+                                        "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        char path[64], label[64];
+        snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
+        struct tg_dense d = {types[i], 256, 2, 4, 2, 64, 768};
+        if (!tg_dense_model(&d, path, label, sizeof label))
+            continue;
+        tg_random_model(label, path, 12);
+        tg_random_model(label, path, 48);
+        remove(path);
+    }
+    /* experts side by side: the float path, and two of the four through the block-a-row and staged kernels */
+    static const char *const moe[][2] = {
+        {"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}, {"IQ2_XS", "n_embd=256"}};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
+        const char *path = tg_moe_model(moe[i][0], moe[i][1], "n_ff_exp=256");
+        if (path)
+            remove(path);
+    }
 }
 
 /* Dense qwen3 models whose layers hand their norms from the products into
