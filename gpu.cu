@@ -10,8 +10,9 @@
  * each batch size. Products of more than 16 rows go to gpu_gemm.cu where it
  * takes the type, else to the matrix-vector kernels over batches of tokens
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
- * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, Q6_K
- * and Q8_0 to gf_mvs_kernel, and a Q4_K and a Q6_K product of one width (a
+ * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, the
+ * formats with a staged form (gf_mvs_of: Q4_0, Q5_0, Q8_0, the other
+ * K-quants, IQ4_NL, IQ4_XS, the lattices) to gf_mvs_kernel, and a Q4_K and a Q6_K product of one width (a
  * Q4_K_M layer's q/k and v) to one launch of both (gf_mv2_kernel;
  * STRATA_GPU_NO_MV2=1: a launch each). STRATA_GPU_NO_GRAPH=1 runs decode without the
  * graph, STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
@@ -1423,6 +1424,66 @@ struct gf_mvs_q3_K {
     }
 };
 
+/* Q4_0 and Q5_0 (QH: a fifth bit a code, BB = 18 or 22 bytes a block):
+ * Q8_0's units, blocks 2u and 2u + 1 of a "superblock" of eight; each
+ * block's codes as gf_q4_0's and gf_q5_0's, their offset of 8 or 16 taken
+ * out of the sum with the pieces' sums of codes */
+template <int BB, bool QH>
+struct gf_mvs_q4 {
+    enum { SB = 8 * BB, UPS = 4 };
+    static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&xs)[4])
+    {
+        b += 2 * BB * (u % 4);
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *bk = b + BB * k;
+            int q[4], lo[4], hi[4];
+            for (int w = 0; w < 4; w++)
+                q[w] = gf_ld32h(bk + BB - 16 + 4 * w);
+            gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + 2) : 0u, lo, hi);
+            const int al[4] = {xa[2 * k].x, xa[2 * k].y, xa[2 * k].z, xa[2 * k].w};
+            const int ah[4] = {xa[2 * k + 1].x, xa[2 * k + 1].y, xa[2 * k + 1].z, xa[2 * k + 1].w};
+            int s = 0;
+            for (int w = 0; w < 4; w++)
+                s = gpu_dp4a(hi[w], ah[w], gpu_dp4a(lo[w], al[w], s));
+            sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * (xs[2 * k] + xs[2 * k + 1]));
+        }
+        return sum;
+    }
+};
+
+/* Q5_K: unit u is the sub-block pair p = u % 4 of superblock u / 4 (Q4_K's
+ * pair: 32 bytes of nibbles, low for sub-block 2p, high for 2p + 1), the
+ * fifth bits 2p and 2p + 1 of qh's 32 bytes; its scales and mins as
+ * gf_q4k_scales cuts them from the header's four words */
+struct gf_mvs_q5_K {
+    enum { SB = 176, UPS = 4 };
+    static __device__ int col(int u, int i) { return 256 * (u / 4) + 64 * (u % 4) + 16 * i; }
+    static __device__ float dot(const uint8_t *b, int u, const int4 (&xa)[4], const float (&xd)[4],
+                                const int (&xs)[4])
+    {
+        const int *bw = (const int *)b;   /* (176-byte superblocks: 4-aligned) */
+        int p = u % 4, s0 = 0, s1 = 0;
+        uint32_t sc, mn;
+        gf_q4k_scales(make_int4(bw[0], bw[1], bw[2], bw[3]), p, &sc, &mn);
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            int q = bw[12 + 8 * p + w], h = bw[4 + w];
+            const int4 &al = xa[w / 4], &ah = xa[2 + w / 4];
+            int a0 = w % 4 == 0 ? al.x : w % 4 == 1 ? al.y : w % 4 == 2 ? al.z : al.w;
+            int a1 = w % 4 == 0 ? ah.x : w % 4 == 1 ? ah.y : w % 4 == 2 ? ah.z : ah.w;
+            s0 = gpu_dp4a((q & 0x0F0F0F0F) | (((h >> (2 * p)) & 0x01010101) << 4), a0, s0);
+            s1 = gpu_dp4a(((q >> 4) & 0x0F0F0F0F) | (((h >> (2 * p + 1)) & 0x01010101) << 4), a1, s1);
+        }
+        float d = gf_h2f((uint16_t)((uint32_t)bw[0] & 0xffff)), dmin = gf_h2f((uint16_t)((uint32_t)bw[0] >> 16));
+        return xd[0] * (d * (float)(int)(sc & 0xff) * (float)s0 - dmin * (float)(int)(mn & 0xff) * (float)(xs[0] + xs[1])) +
+               xd[2] * (d * (float)(int)(sc >> 8) * (float)s1 - dmin * (float)(int)(mn >> 8) * (float)(xs[2] + xs[3]));
+    }
+};
+
 /* IQ4_XS and IQ4_NL: unit u is 64 columns from 64u (Q8_0's), two
  * sub-blocks of 32, each a piece of low nibbles and one of high ones.
  * gf_iq4_dot: a sub-block's Σ value·code, its 16 bytes of codes in q, the
@@ -1502,6 +1563,9 @@ template <> struct gf_mvs_of<gf_q8_0> { enum { OK = 1 }; typedef gf_mvs_q8_0 G; 
 template <> struct gf_mvs_of<gf_q6_K> { enum { OK = 1 }; typedef gf_mvs_q6_K G; };
 template <> struct gf_mvs_of<gf_q2_K> { enum { OK = 1 }; typedef gf_mvs_q2_K G; };
 template <> struct gf_mvs_of<gf_q3_K> { enum { OK = 1 }; typedef gf_mvs_q3_K G; };
+template <> struct gf_mvs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvs_q4<18, false> G; };
+template <> struct gf_mvs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvs_q4<22, true> G; };
+template <> struct gf_mvs_of<gf_q5_K> { enum { OK = 1 }; typedef gf_mvs_q5_K G; };
 template <> struct gf_mvs_of<gf_iq4_xs> { enum { OK = 1 }; typedef gf_mvs_iq4_xs G; };
 template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl G; };
 template <int T> struct gf_mvs_of<gf_iq<T> > { enum { OK = 1 }; typedef gf_mvs_iq<T> G; };

@@ -1044,20 +1044,21 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
     return CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err);
 }
 
-/* Q2_K, Q3_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices through a whole
- * small qwen3 in each (embedding rows, every product, the head): a 12-token
+/* Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices
+ * (their one-row products: gf_mvs_kernel) through a whole small qwen3 in
+ * each (embedding rows, every product, the head): a 12-token
  * prompt through the decode kernels with T = 12, a 48-token one through
  * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
  * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
  * IQ2_XS. */
 static void tg_formats(void)
 {
-    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, "
-                        "IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts (bound: 1.5x CPU "
-                        "vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, "
+                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts "
+                        "(bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const char *const types[] = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
-                                        "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
+    static const char *const types[] = {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL",
+                                        "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char path[64], label[64];
         snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
@@ -1189,8 +1190,8 @@ void test_gpu(void)
             tg_matvec_type(types[i], 12288, 67);
             tg_matvec_type(types[i], 25600, wide);
         }
-        if (types[i] == QT_Q8_0 || types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288:
-                                                                  a stage over 48 KB) */
+        if (types[i] == QT_Q4_0 || types[i] == QT_Q5_0 || types[i] == QT_Q8_0 ||
+            types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
             tg_matvec_type(types[i], 5120, 67);   /* and gf_mvq_kernel (batches) */
             tg_matvec_type(types[i], 12288, 67);
             tg_matvec_type(types[i], 25600, wide);
