@@ -37,7 +37,7 @@ static const char usage[] =
     "  perplexity -m MODEL -f FILE [-c N] [--json]\n"
     "  info       -m MODEL [-c N] [--kv F]\n"
     "  bench      -m MODEL [-p N] [-n N] [-r REPS] [-d DEPTH] [--prefix N] [--split S] [--batch B]\n"
-    "  synth      --arch A | --shape S [--set K=V] [--type T|q4_k_m] [--vocab F] -o F\n"
+    "  synth      --arch A | --shape S [--set K=V] [--type T|q4_k_m|q5_k_m] [--vocab F] -o F\n"
     "  serve      -m MODEL [--port P] [--host H] [--parallel N] ... (strata serve --help)\n"
     "  help       this text\n"
     "\n"

@@ -133,15 +133,15 @@ static int add(struct tdesc *list, int n, const char *name, int type, int n_dims
     return n + 1;
 }
 
-/* Q4_K_M's layers of more bits: the reference quantiser's rule for attn_v
- * and ffn_down (the first and last eighth of the layers, and every third
- * in between), which give those tensors Q6_K (and the head Q6_K) in a
- * Q4_K_M file; ../shared/testdata's tiny-qwen3-Q4_K_M has it (layers 2
- * and 3 of 4). */
+/* Q4_K_M's and Q5_K_M's layers of more bits: the reference quantiser's
+ * rule for attn_v and ffn_down (the first and last eighth of the layers,
+ * and every third in between), which give those tensors Q6_K (and the head
+ * Q6_K) in a Q4_K_M or Q5_K_M file; ../shared/testdata's tiny-qwen3-Q4_K_M
+ * has it (layers 2 and 3 of 4). */
 static int more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
 
 /* Fills list (capacity: 16 per layer + 3) in the order the reference writes:
- * matrices in the weight type wt (m: Q4_K_M's mix, wt Q4_K), vectors and
+ * matrices in the weight type wt (m: a _K_M mix, wt Q4_K or Q5_K), vectors and
  * the MoE router in F32 (as the reference's converter keeps them). */
 static int tensor_list(const struct shape *s, int wt, int m, struct tdesc *list)
 {
@@ -371,7 +371,8 @@ int synth_main(int argc, char **argv, char *err, size_t errlen)
         return -1;
     }
     struct out o = {NULL, seed * 0x9E3779B97F4A7C15ull, err, errlen};
-    int mix = strcasecmp(tname, "q4_k_m") == 0, wt = mix ? QT_Q4_K : type_by_name(tname);
+    int mix = strcasecmp(tname, "q4_k_m") == 0 || strcasecmp(tname, "q5_k_m") == 0;
+    int wt = !mix ? type_by_name(tname) : tname[1] == '4' ? QT_Q4_K : QT_Q5_K;
     const struct quant_type *qt = wt >= 0 ? quant_type(wt) : NULL;
     if (!qt || (!qt->from_f32 && !quant_lattice(wt)) || wt == QT_Q8_1 || wt == QT_Q8_K) {
         snprintf(err, errlen, "synth: no quantiser for weight type '%s'", tname);

@@ -140,21 +140,21 @@ static void case_bad_requests(void)
           "unknown key: %s", err);
 }
 
-/* --type q4_k_m: the mix of a Q4_K_M file. The reference's tiny Q4_K_M
- * model (4 layers) says which layers take more bits: its ffn_down is Q6_K
- * there (its attn_v rows, 64 wide, fit no 256 block); the synth model of 4
- * layers must give attn_v and ffn_down Q6_K in exactly those layers, the
- * head Q6_K, and every other matrix Q4_K. */
-static void case_q4_k_m(void)
+/* --type q4_k_m and q5_k_m: the mixes of Q4_K_M and Q5_K_M files (the
+ * reference's one rule for both). The reference's tiny Q4_K_M model (4
+ * layers) says which layers take more bits: its ffn_down is Q6_K there (its
+ * attn_v rows, 64 wide, fit no 256 block); the synth model of 4 layers must
+ * give attn_v and ffn_down Q6_K in exactly those layers, the head Q6_K, and
+ * every other matrix the mix's Q4_K or Q5_K. */
+static void case_k_m(const char *mix, int wt)
 {
-    if (!test_begin("synth/q4_k_m mix against the reference's Q4_K_M file"))
-        return;
-    char ref[512], name[GGUF_NAME_MAX];
-    if (!test_data("tiny-qwen3-Q4_K_M.gguf", ref, sizeof ref))
+    char name[GGUF_NAME_MAX], ref[512];
+    snprintf(name, sizeof name, "synth/%s mix against the reference's Q4_K_M file", mix);
+    if (!test_begin(name) || !test_data("tiny-qwen3-Q4_K_M.gguf", ref, sizeof ref))
         return;
     const char *args[] = {"--arch", "qwen3", "--set", "n_embd=256", "--set", "n_layer=4", "--set", "n_head=2",
                           "--set", "head_dim=128", "--set", "n_ff=512", "--set", "n_vocab=512", "--type",
-                          "q4_k_m", "-o", TMP_SYNTH};
+                          mix, "-o", TMP_SYNTH};
     struct gguf g, r;
     if (synth_open(args, 18, ref, &g, &r) != 0)
         return;
@@ -168,15 +168,15 @@ static void case_q4_k_m(void)
         const struct gguf_tensor *q = gguf_tensor(&g, name);
         if (!CHECK(rd && d && v && q, "layer %d: tensors missing", l))
             break;
-        int want = rd->type == QT_Q6_K ? QT_Q6_K : QT_Q4_K;
+        int want = rd->type == QT_Q6_K ? QT_Q6_K : wt;
         more += want == QT_Q6_K;
-        CHECK(d->type == want && v->type == want && q->type == QT_Q4_K,
+        CHECK(d->type == want && v->type == want && q->type == wt,
               "layer %d: ffn_down %s, attn_v %s, attn_q %s; the reference's ffn_down is %s", l,
               gguf_type_name(d->type), gguf_type_name(v->type), gguf_type_name(q->type), gguf_type_name(rd->type));
     }
     const struct gguf_tensor *out = gguf_tensor(&g, "output.weight"), *emb = gguf_tensor(&g, "token_embd.weight");
     CHECK(more > 0 && more < 4, "the reference has %d layers of more bits of 4", more);
-    CHECK(out && out->type == QT_Q6_K && emb && emb->type == QT_Q4_K, "head %s, embedding %s",
+    CHECK(out && out->type == QT_Q6_K && emb && emb->type == wt, "head %s, embedding %s",
           out ? gguf_type_name(out->type) : "missing", emb ? gguf_type_name(emb->type) : "missing");
     gguf_close(&g);
     gguf_close(&r);
@@ -239,7 +239,8 @@ static void case_lattice(void)
 
 void test_synth(void)
 {
-    case_q4_k_m();
+    case_k_m("q4_k_m", QT_Q4_K);
+    case_k_m("q5_k_m", QT_Q5_K);
     case_lattice();
     case_moe_shape();
     case_bad_requests();
