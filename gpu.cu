@@ -1318,9 +1318,9 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? SUB * GPU_WARP : GF_MVK
  * activation four 16-byte pieces (their blocks' scales, and the sums of
  * their codes, which take Q6_K's offset of 32 out of the products). Tiles,
  * slices, rounds and the store are gf_mvk_kernel's, and so are the forms of
- * a handed-on norm (NORM; Q6_K and Q8_0 only, gf_mvs_hands): Q4_K_M's
- * layers of more bits and Q8_0 files take the handoff too (BENCH.md,
- * twenty-eighth pass). */
+ * a handed-on norm (NORM; the common files' formats, gf_mvs_hands):
+ * Q4_K_M's layers of more bits and Q8_0 files take the handoff too
+ * (BENCH.md, twenty-eighth pass). */
 
 /* Q6_K: unit u is half h = u % 4 / 2 of superblock u / 4, columns 128h +
  * 32i + 16j + 0..15 (j = u % 2, quarter i = 0..3: quant.c's k6_unpack) */
@@ -3164,12 +3164,15 @@ static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
     gf_launch_sliced(k, grid, threads, smem, s, q);
 }
 
-/* the staged formats with a handed-on norm's forms (gf_hand_takes): Q6_K
- * and Q8_0, Q4_K_M's layers of more bits and Q8_0 files; the others never
- * take part in one */
+/* the staged formats with a handed-on norm's forms (gf_hand_takes) and
+ * experts side by side: the common files' (Q4_K_M's and Q5_K_M's layers
+ * of more bits, Q8_0, Q4_0, Q5_0 and Q5_K files); the others never take
+ * part in one (each form is some dozen kernels more to compile) */
 template <class F> struct gf_mvs_hands { enum { OK = 0 }; };
 template <> struct gf_mvs_hands<gf_mvs_q6_K> { enum { OK = 1 }; };
 template <> struct gf_mvs_hands<gf_mvs_q8_0> { enum { OK = 1 }; };
+template <> struct gf_mvs_hands<gf_mvs_q5_K> { enum { OK = 1 }; };
+template <int BB, bool QH> struct gf_mvs_hands<gf_mvs_q4<BB, QH> > { enum { OK = 1 }; };
 
 template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
@@ -3208,15 +3211,29 @@ static int gf_mvk_takes(int type, int n, int *UL, int *S)
     return type == QT_Q4_K && !gf_env("STRATA_GPU_MV_OLD") && (*S = gf_mvk_shape(n, UL)) > 0;
 }
 
+template <class Q>
+static int gf_mvs_hand_takes(int n, int ne)
+{
+    int UL, S;
+    return gf_mvs_hands<typename gf_mvs_of<Q>::G>::OK && gf_mvs_takes<Q>(n, ne, &UL, &S);
+}
+
 /* whether one token's product of this type and width (one matrix, or
  * experts side by side ne wide each) runs in a kernel with a handed-on
- * norm's forms: gf_mvk_kernel's Q4_K, gf_mvs_kernel's Q6_K and Q8_0
- * (gf_mv_launch_t's choice for them) */
+ * norm's forms: gf_mvk_kernel's Q4_K, gf_mvs_kernel's formats of
+ * gf_mvs_hands (gf_mv_launch_t's choice for them) */
 static int gf_hand_takes(int type, int n, int ne)
 {
     int UL, S;
-    return gf_mvk_takes(type, n, &UL, &S) || (type == QT_Q6_K && gf_mvs_takes<gf_q6_K>(n, ne, &UL, &S)) ||
-           (type == QT_Q8_0 && gf_mvs_takes<gf_q8_0>(n, ne, &UL, &S));
+    switch (type) {
+    case QT_Q4_K: return gf_mvk_takes(type, n, &UL, &S);
+    case QT_Q4_0: return gf_mvs_hand_takes<gf_q4_0>(n, ne);
+    case QT_Q5_0: return gf_mvs_hand_takes<gf_q5_0>(n, ne);
+    case QT_Q5_K: return gf_mvs_hand_takes<gf_q5_K>(n, ne);
+    case QT_Q6_K: return gf_mvs_hand_takes<gf_q6_K>(n, ne);
+    case QT_Q8_0: return gf_mvs_hand_takes<gf_q8_0>(n, ne);
+    default: return 0;
+    }
 }
 
 #ifdef GPU_CUDA

@@ -1050,12 +1050,13 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
  * prompt through the decode kernels with T = 12, a 48-token one through
  * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
  * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
- * IQ2_XS. */
+ * IQ2_XS (the block-a-row and staged kernels), Q4_0 and Q5_K
+ * (gf_mvs_kernel's experts, the next norm handed on). */
 static void tg_formats(void)
 {
     if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, "
-                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS and IQ2_XS experts "
-                        "(bound: 1.5x CPU vs f32ref + 0.05)"))
+                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS, IQ2_XS, Q4_0 and "
+                        "Q5_K experts (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
     static const char *const types[] = {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL",
                                         "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
@@ -1069,9 +1070,10 @@ static void tg_formats(void)
         tg_random_model(label, path, 48);
         remove(path);
     }
-    /* experts side by side: the float path, and two of the four through the block-a-row and staged kernels */
+    /* experts side by side: the float path, the block-a-row and staged kernels, gf_mvs_kernel */
     static const char *const moe[][2] = {
-        {"F16", "n_embd=256"}, {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"}, {"IQ2_XS", "n_embd=256"}};
+        {"F16", "n_embd=256"},    {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"},
+        {"IQ2_XS", "n_embd=256"}, {"Q4_0", "n_embd=256"}, {"Q5_K", "n_embd=256"}};
     for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
         const char *path = tg_moe_model(moe[i][0], moe[i][1], "n_ff_exp=256");
         if (path)
@@ -1094,17 +1096,19 @@ static void tg_formats(void)
  * blocks (16 groups of 32 rows) run in pairs (gf_pair_meet): the logits bit
  * for bit with STRATA_GPU_NO_PAIRS=1's block a group. And a Q4_K_M model
  * whose down is 25,600 wide (a Qwen3-32B's), past 16,384 columns: slices
- * of two warps (gf_mvk_sub), its Q4_K and Q6_K downs handing their norms.
+ * of two warps (gf_mvk_sub), its Q4_K and Q6_K downs handing their norms;
+ * a Q5_K_M (Q5_K and Q6_K products in gf_mvs_kernel) and a Q4_0.
  * Last, a model whose x has more blocks of 32 than the device has SMs:
  * no norm handed on (the logits bit for bit with STRATA_GPU_NO_HANDOFF=1's). */
 static void tg_handoff(void)
 {
-    if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0 and Q4_K_M models, their norms handed from products into x to "
-                        "the next and not: GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/handoff dense Q4_K, Q8_0, Q4_K_M, Q5_K_M and Q4_0 models, their norms handed from "
+                        "products into x to the next and not: GPU vs CPU teacher-forced (bound: 1.5x CPU vs f32ref "
+                        "+ 0.05)"))
         return;
     static const struct tg_dense ms[] = {
-        {"Q4_K", 512, 3, 8, 2, 64, 1536}, {"Q8_0", 512, 3, 32, 8, 128, 1536},
-        {"Q4_K_M", 512, 4, 8, 2, 64, 1536}, {"Q4_K_M", 256, 4, 4, 2, 64, 25600}};
+        {"Q4_K", 512, 3, 8, 2, 64, 1536},   {"Q8_0", 512, 3, 32, 8, 128, 1536}, {"Q4_K_M", 512, 4, 8, 2, 64, 1536},
+        {"Q4_K_M", 256, 4, 4, 2, 64, 25600}, {"Q5_K_M", 512, 4, 8, 2, 64, 1536}, {"Q4_0", 512, 3, 8, 2, 64, 1536}};
     const char *path = "/tmp/strata-test-gpu-handoff.gguf";
     char model[64], label[96];
     for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
