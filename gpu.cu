@@ -12,10 +12,11 @@
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
  * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, the
  * formats with a staged form (gf_mvs_of: Q4_0, Q5_0, Q8_0, the other
- * K-quants, IQ4_NL, IQ4_XS, the lattices) to gf_mvs_kernel, and a Q4_K and a Q6_K product of one width (a
- * Q4_K_M layer's q/k and v) to one launch of both (gf_mv2_kernel;
- * STRATA_GPU_NO_MV2=1: a launch each). STRATA_GPU_NO_GRAPH=1 runs decode without the
- * graph, STRATA_GPU_NO_PDL=1 without programmatic dependent launch,
+ * K-quants, IQ4_NL, IQ4_XS, the lattices) to gf_mvs_kernel, and a Q4_K and
+ * a Q6_K product of one width (a Q4_K_M layer's q/k and v) to one launch of
+ * both (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
+ * STRATA_GPU_NO_GRAPH=1 runs decode without the graph, STRATA_GPU_NO_PDL=1
+ * without programmatic dependent launch,
  * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel
  * and gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
  * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
@@ -1466,21 +1467,22 @@ struct gf_mvs_q5_K {
                                 const int (&xs)[4])
     {
         const int *bw = (const int *)b;   /* (176-byte superblocks: 4-aligned) */
+        const int ax[8] = {xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w};
+        const int ay[8] = {xa[2].x, xa[2].y, xa[2].z, xa[2].w, xa[3].x, xa[3].y, xa[3].z, xa[3].w};
         int p = u % 4, s0 = 0, s1 = 0;
-        uint32_t sc, mn;
-        gf_q4k_scales(make_int4(bw[0], bw[1], bw[2], bw[3]), p, &sc, &mn);
 #pragma unroll
         for (int w = 0; w < 8; w++) {
             int q = bw[12 + 8 * p + w], h = bw[4 + w];
-            const int4 &al = xa[w / 4], &ah = xa[2 + w / 4];
-            int a0 = w % 4 == 0 ? al.x : w % 4 == 1 ? al.y : w % 4 == 2 ? al.z : al.w;
-            int a1 = w % 4 == 0 ? ah.x : w % 4 == 1 ? ah.y : w % 4 == 2 ? ah.z : ah.w;
-            s0 = gpu_dp4a((q & 0x0F0F0F0F) | (((h >> (2 * p)) & 0x01010101) << 4), a0, s0);
-            s1 = gpu_dp4a(((q >> 4) & 0x0F0F0F0F) | (((h >> (2 * p + 1)) & 0x01010101) << 4), a1, s1);
+            s0 = gpu_dp4a((q & 0x0F0F0F0F) | (((h >> (2 * p)) & 0x01010101) << 4), ax[w], s0);
+            s1 = gpu_dp4a(((q >> 4) & 0x0F0F0F0F) | (((h >> (2 * p + 1)) & 0x01010101) << 4), ay[w], s1);
         }
+        uint32_t sc, mn;
+        gf_q4k_scales(make_int4(bw[0], bw[1], bw[2], bw[3]), p, &sc, &mn);
         float d = gf_h2f((uint16_t)((uint32_t)bw[0] & 0xffff)), dmin = gf_h2f((uint16_t)((uint32_t)bw[0] >> 16));
-        return xd[0] * (d * (float)(int)(sc & 0xff) * (float)s0 - dmin * (float)(int)(mn & 0xff) * (float)(xs[0] + xs[1])) +
-               xd[2] * (d * (float)(int)(sc >> 8) * (float)s1 - dmin * (float)(int)(mn >> 8) * (float)(xs[2] + xs[3]));
+        float dl = d * (float)(int)(sc & 0xff), dh = d * (float)(int)(sc >> 8);
+        float ml = dmin * (float)(int)(mn & 0xff), mh = dmin * (float)(int)(mn >> 8);
+        return xd[0] * (dl * (float)s0 - ml * (float)(xs[0] + xs[1])) +
+               xd[2] * (dh * (float)s1 - mh * (float)(xs[2] + xs[3]));
     }
 };
 
