@@ -96,11 +96,11 @@ static __device__ __forceinline__ void gf_k4_scale_min(int j, const uint8_t *s, 
  * activation's block that lines up with the weight block. */
 
 /* Σ code·activation over a block of 32: lo[i] holds codes 4i..4i+3, hi[i]
- * codes 16+4i..16+4i+3, the activation's codes at aq (one chain of dp4a in
- * a fixed order) */
-static __device__ __forceinline__ int gf_dot32(const int (&lo)[4], const int (&hi)[4], const int8_t *aq)
+ * codes 16+4i..16+4i+3, the activation's codes in a0 (0..15) and a1
+ * (16..31) (one chain of dp4a in a fixed order) */
+static __device__ __forceinline__ int gf_dot32a(const int (&lo)[4], const int (&hi)[4], const int4 &a0,
+                                                const int4 &a1)
 {
-    const int4 a0 = ((const int4 *)aq)[0], a1 = ((const int4 *)aq)[1];
     const int al[4] = {a0.x, a0.y, a0.z, a0.w}, ah[4] = {a1.x, a1.y, a1.z, a1.w};
     int s = 0;
     for (int i = 0; i < 4; i++) {
@@ -108,6 +108,12 @@ static __device__ __forceinline__ int gf_dot32(const int (&lo)[4], const int (&h
         s = gpu_dp4a(hi[i], ah[i], s);
     }
     return s;
+}
+
+/* the same, the activation's codes at aq */
+static __device__ __forceinline__ int gf_dot32(const int (&lo)[4], const int (&hi)[4], const int8_t *aq)
+{
+    return gf_dot32a(lo, hi, ((const int4 *)aq)[0], ((const int4 *)aq)[1]);
 }
 
 /* a 4-bit block's code words q as gf_dot32 takes them, with the fifth bits
@@ -1445,11 +1451,7 @@ struct gf_mvs_q4 {
             for (int w = 0; w < 4; w++)
                 q[w] = gf_ld32h(bk + BB - 16 + 4 * w);
             gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + 2) : 0u, lo, hi);
-            const int al[4] = {xa[2 * k].x, xa[2 * k].y, xa[2 * k].z, xa[2 * k].w};
-            const int ah[4] = {xa[2 * k + 1].x, xa[2 * k + 1].y, xa[2 * k + 1].z, xa[2 * k + 1].w};
-            int s = 0;
-            for (int w = 0; w < 4; w++)
-                s = gpu_dp4a(hi[w], ah[w], gpu_dp4a(lo[w], al[w], s));
+            int s = gf_dot32a(lo, hi, xa[2 * k], xa[2 * k + 1]);
             sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * (xs[2 * k] + xs[2 * k + 1]));
         }
         return sum;
@@ -1494,11 +1496,7 @@ static __device__ __forceinline__ int gf_iq4_dot(const int (&q)[4], const int4 &
 {
     int lo[4], hi[4];
     gf_iq4_unit(q, lo, hi);
-    const int a0[4] = {al.x, al.y, al.z, al.w}, a1[4] = {ah.x, ah.y, ah.z, ah.w};
-    int s = 0;
-    for (int w = 0; w < 4; w++)
-        s = gpu_dp4a(hi[w], a1[w], gpu_dp4a(lo[w], a0[w], s));
-    return s;
+    return gf_dot32a(lo, hi, al, ah);
 }
 
 struct gf_mvs_iq4_xs {
