@@ -17,9 +17,9 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B
-# shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K and Q8_0 at one; ncu-mv: Nsight
-# Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8, 8b-q5km
-# (a Q5_K_M file's), 8b-q4_0, 30b-q4k, 30b-q4km, 30b-q8, 32b-q4k, 32b-q4km (the Qwen3-32B
+# shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K, Q8_0, F16 and BF16 at one; ncu-mv:
+# Nsight Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8,
+# 8b-q5km (a Q5_K_M file's), 8b-q4_0, 8b-f16, 8b-bf16, 30b-q4k, 30b-q4km, 30b-q8, 32b-q4k, 32b-q4km (the Qwen3-32B
 # shape, 18 GB at Q4_K), batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
 # serve (strata serve --parallel N on the 8B Q4_K, N concurrent completions of 256 tokens by
 # curl, the wall time; SERVE_N, default "8 16"),
@@ -148,7 +148,7 @@ for step in "$@"; do
         tail -n 1 "$T/tests.log" ;;
     profile) STRATA_GPU_BENCH=1 "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
     profile-moe) STRATA_GPU_BENCH=moe "$B/test" gpu/bench 2>&1 | grep -E '^  (qwen|tg128|profile)' ;;
-    mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  (Q4_K|Q6_K|Q8_0)' ;;
+    mv) STRATA_GPU_BENCH=mv "$B/test" gpu/mv/ 2>&1 | grep -E '^  (Q4_K|Q6_K|Q8_0|F16|BF16)' ;;
     ncu-mv) # the hardware counters of one 8B gate+up product: gf_mvk_kernel with one row (the mv
         # step's 41st launch of it), gf_mvq_kernel with 8 (its 281st: after 120 at 2 rows, 120 at 4)
         for k in gf_mvk_kernel:40 gf_mvq_kernel:280; do
@@ -163,6 +163,8 @@ for step in "$@"; do
     8b-q8) bench_model q8b-q8 qwen3-8b q8_0 ;;
     8b-q5km) bench_model q8b-q5km qwen3-8b q5_k_m ;;
     8b-q4_0) bench_model q8b-q4_0 qwen3-8b q4_0 ;;
+    8b-f16) bench_model q8b-f16 qwen3-8b f16 ;;
+    8b-bf16) bench_model q8b-bf16 qwen3-8b bf16 ;;
     30b-q4k) bench_model q30b-q4k qwen3-30b-a3b q4_k ;;
     30b-q4km) bench_model q30b-q4km qwen3-30b-a3b q4_k_m ;;
     30b-q8) bench_model q30b-q8 qwen3-30b-a3b q8_0 ;;

@@ -349,11 +349,16 @@ struct gf_q6_K {
     }
 };
 
-/* Float weights meet the f32 activation (not quantised): 16 bytes a unit. */
+/* Float weights meet the f32 activation (not quantised): 16 bytes a unit,
+ * read at bx (load) or already in registers (set: gf_mvf_kernel). */
 struct gf_f32 {
     enum { BLK = 4, BYTES = 16, UNITS = 1, FLOAT = 1 };
     float4 w;
-    __device__ void load(const uint8_t *bx, int) { w = *(const float4 *)bx; }
+    __device__ void set(const int4 r)
+    {
+        w = make_float4(__int_as_float(r.x), __int_as_float(r.y), __int_as_float(r.z), __int_as_float(r.w));
+    }
+    __device__ void load(const uint8_t *bx, int) { set(*(const int4 *)bx); }
     __device__ float dotf(const float *x) const {
         const float4 a = *(const float4 *)x;
         return w.x * a.x + w.y * a.y + w.z * a.z + w.w * a.w;
@@ -363,9 +368,9 @@ struct gf_f32 {
 struct gf_f16 {
     enum { BLK = 8, BYTES = 16, UNITS = 1, FLOAT = 1 };
     float w[8];
-    __device__ void load(const uint8_t *bx, int) {
-        const uint4 r = *(const uint4 *)bx;
-        const uint32_t p[4] = {r.x, r.y, r.z, r.w};
+    __device__ void load(const uint8_t *bx, int) { set(*(const int4 *)bx); }
+    __device__ void set(const int4 r) {
+        const uint32_t p[4] = {(uint32_t)r.x, (uint32_t)r.y, (uint32_t)r.z, (uint32_t)r.w};
         for (int i = 0; i < 4; i++) {
             w[2 * i] = gf_h2f((uint16_t)(p[i] & 0xffff));
             w[2 * i + 1] = gf_h2f((uint16_t)(p[i] >> 16));
@@ -381,9 +386,9 @@ struct gf_f16 {
 struct gf_bf16 {
     enum { BLK = 8, BYTES = 16, UNITS = 1, FLOAT = 1 };
     float w[8];
-    __device__ void load(const uint8_t *bx, int) {
-        const uint4 r = *(const uint4 *)bx;
-        const uint32_t p[4] = {r.x, r.y, r.z, r.w};
+    __device__ void load(const uint8_t *bx, int) { set(*(const int4 *)bx); }
+    __device__ void set(const int4 r) {
+        const uint32_t p[4] = {(uint32_t)r.x, (uint32_t)r.y, (uint32_t)r.z, (uint32_t)r.w};
         for (int i = 0; i < 4; i++) {
             w[2 * i] = __uint_as_float(p[i] << 16);
             w[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
@@ -920,6 +925,79 @@ __global__ void __launch_bounds__(GF_MV1_WARPS * GPU_WARP) gf_mv1_kernel(gf_mv p
         float s = warp_sum(acc[j]);
         if (lane == 0 && r0 + j < total)
             gf_mv_store(p, part[j], rr[j], gf_mv_at(p, part[j], g, 0, rr[j]), s, yo[j]);
+    }
+}
+
+/* ==== float weights, one row: F32, F16, BF16 ====
+ * gf_mv1_kernel copied a float row through shared memory and met each
+ * 16-byte piece with 32 bytes of the f32 activation re-read from L1. A
+ * float row's pieces are 16-byte aligned (n a multiple of the piece, the
+ * rows 16 bytes apart), so here each lane loads its pieces straight into
+ * registers, GF_MVF_V a round, the warp's next round in flight while it
+ * sums this one, and the block holds the activation row in shared memory,
+ * read from global memory once. A warp takes one row at a time, rows
+ * gridDim.x·GF_MVF_WARPS apart (one wave of blocks); the lanes' sums meet
+ * by warp_sum. */
+#define GF_MVF_WARPS 8
+#define GF_MVF_V 8
+
+template <class Q>
+__global__ void __launch_bounds__(GF_MVF_WARPS * GPU_WARP) gf_mvf_kernel(gf_mv p)
+{
+    GPU_TRACE(GT_MVF);
+    extern __shared__ float4 gf_mvf_x[];   /* the activation row, n floats */
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = blockIdx.y;
+    int total = p.end[p.parts - 1], np = p.n / Q::BLK, rp = GPU_WARP * GF_MVF_V;   /* a row's pieces, a round's */
+    int nrd = (np + rp - 1) / rp, r = blockIdx.x * GF_MVF_WARPS + warp, rstep = gridDim.x * GF_MVF_WARPS;
+    size_t go = 0;   /* an expert stack's matrix: ids come from the kernel ahead, so after the wait */
+    /* round rd of row r: its pieces rd·rp + lane + 32i */
+    auto fetch = [&](int row, int rd, int4 (&v)[GF_MVF_V]) {
+        int rr, pt = gf_mv_part(p, row, &rr), k0 = rd * rp + lane;
+        const int4 *a = (const int4 *)(p.w[pt] + go + (size_t)rr * p.ldw) + k0;
+#pragma unroll
+        for (int i = 0; i < GF_MVF_V; i++)
+            if (k0 + i * GPU_WARP < np)
+                v[i] = gf_ld_stream(a + i * GPU_WARP);
+    };
+    int4 v[GF_MVF_V];
+    if (!p.ids && r < total)
+        fetch(r, 0, v);
+    gf_pdl_begin();
+    go = gf_group_off(p, g);
+    if (p.ids && r < total)
+        fetch(r, 0, v);
+    const float4 *af = (const float4 *)(p.af + (size_t)(g / p.a_div) * p.a_g * p.n);
+    for (int i = threadIdx.x; i < p.n / 4; i += blockDim.x)
+        gf_mvf_x[i] = af[i];
+    __syncthreads();
+    const float *x = (const float *)gf_mvf_x;
+    float acc = 0.0f;
+    for (int rd = 0; r < total;) {
+        int4 c[GF_MVF_V];
+#pragma unroll
+        for (int i = 0; i < GF_MVF_V; i++)
+            c[i] = v[i];
+        int nr = r, nd = rd + 1;   /* the next round: this row's, or the warp's next row's first */
+        if (nd == nrd)
+            nr = r + rstep, nd = 0;
+        if (nr < total)
+            fetch(nr, nd, v);
+        int k0 = rd * rp + lane;
+#pragma unroll
+        for (int i = 0; i < GF_MVF_V; i++)
+            if (k0 + i * GPU_WARP < np) {
+                Q q;
+                q.set(c[i]);
+                acc += q.dotf(x + (size_t)(k0 + i * GPU_WARP) * Q::BLK);
+            }
+        if (nd == 0) {
+            float s = warp_sum(acc);
+            int rr, pt = gf_mv_part(p, r, &rr);
+            if (lane == 0)
+                gf_mv_put(p, pt, g, 0, rr, s);
+            acc = 0.0f;
+        }
+        r = nr, rd = nd;
     }
 }
 
@@ -3255,6 +3333,36 @@ static int gf_hand_slices(const gf_mv &p, int UL)
     return S1 <= GF_MVK_SMAX ? S1 : 0;
 }
 
+/* A one-row product of float rows (not experts side by side) in 16-byte
+ * pieces, every row 16-byte aligned, its activation row within
+ * GF_MVF_SMEM of shared memory: gf_mvf_kernel over one wave of its blocks
+ * (how many an SM holds depends on the width: asked at each launch, which
+ * a graph captures once). Returns whether it took the product. */
+#define GF_MVF_SMEM (128 * 1024)
+
+template <class Q>
+static bool gf_mvf_launch(const gf_mv &p, int groups, gpuStream_t s)
+{
+    if constexpr (!Q::FLOAT) {
+        return false;
+    } else {
+        size_t al = p.ldw | (p.ids ? p.estride : 0);
+        for (int i = 0; i < p.parts; i++)
+            al |= (uintptr_t)p.w[i];
+        int smem = p.n * (int)sizeof(float);
+        if (p.ne || p.n % Q::BLK || al % 16 || smem > GF_MVF_SMEM || gf_env("STRATA_GPU_MV_OLD"))
+            return false;
+        static int asked;
+        int per_sm = 0, threads = GF_MVF_WARPS * GPU_WARP, total = p.end[p.parts - 1];
+        void (*k)(gf_mv) = gf_mvf_kernel<Q>;
+        if (!gf_smem_ask(k, smem, &asked))   /* (a device with less: gf_mv1_kernel) */
+            return false;
+        gf_launch(k, gf_wave(k, threads, smem, &per_sm, groups, (total + GF_MVF_WARPS - 1) / GF_MVF_WARPS),
+                  threads, smem, s, p);
+        return true;
+    }
+}
+
 template <class Q>
 static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 {
@@ -3280,7 +3388,7 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
         dim3 grid((rows + GF_MV1_WARPS * GF_MV1_R - 1) / (GF_MV1_WARPS * GF_MV1_R), groups);
         if ((int)(grid.x * grid.y) < gf_sms())
             gf_launch(gf_mvrow_kernel<Q>, dim3(rows, groups), GF_ROW_THREADS, 0, s, p);
-        else
+        else if (!gf_mvf_launch<Q>(p, groups, s))
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else if (nt == GF_MMA_T) {
 #ifdef GPU_CUDA
@@ -3979,7 +4087,8 @@ static int gf_trace_grids(const gpu_trace_rec *r, gf_trace_grid *out)
 static const char *gf_trace_name(const gf_trace_grid *g)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
-                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx", "mv2"};
+                                      "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx", "mv2",
+                                      "mvf"};
     return g->tag < GT_N ? names[g->tag] : "?";
 }
 
@@ -4491,7 +4600,7 @@ __global__ void gf_fill_kernel(uint32_t *p, size_t n, uint32_t seed)
 
 double gpu_test_mv_us(int type, int n, int rows, int T, int reps, char *err, size_t errlen)
 {
-    if (!gf_supported(type) || gf_float_type(type))
+    if (!gf_supported(type))
         return strata_errf(err, errlen, "mv bench: type %s not timed", gguf_type_name(type));
     enum { BATCHES = 5 };
     size_t ldw = quant_row_bytes(type, n), bytes = gf_align(ldw * rows);

@@ -922,8 +922,10 @@ static void tg_bench_mv(void)
         {"8b head", QT_Q6_K, 4096, 151936, 1}, {"8b gate+up", QT_Q8_0, 4096, 24576, 1},
         {"8b down", QT_Q8_0, 12288, 4096, 1}, {"8b head", QT_Q8_0, 4096, 151936, 1},
         {"32b down", QT_Q4_K, 25600, 5120, 1}, {"32b down", QT_Q6_K, 25600, 5120, 1},
-        {"32b down", QT_Q8_0, 25600, 5120, 1}};
-    if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K, Q6_K, Q8_0)"))
+        {"32b down", QT_Q8_0, 25600, 5120, 1}, {"8b gate+up", QT_F16, 4096, 24576, 2},
+        {"8b down", QT_F16, 12288, 4096, 1}, {"8b wo", QT_F16, 4096, 4096, 1}, {"8b head", QT_F16, 4096, 151936, 1},
+        {"8b gate+up", QT_BF16, 4096, 24576, 1}, {"32b down", QT_BF16, 25600, 5120, 1}};
+    if (!test_begin_gpu("gpu/mv/bench decode matrix-vector kernels (Q4_K, Q6_K, Q8_0, F16, BF16)"))
         return;
     /* T = 1 as a decode step multiplies; 2..16 as a step of that many sequences */
     static const int Ts[] = {1, 2, 4, 8, 16};
@@ -1045,7 +1047,8 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
 }
 
 /* Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices
- * (their one-row products: gf_mvs_kernel) through a whole small qwen3 in
+ * (their one-row products: gf_mvs_kernel), F16 and BF16 (gf_mvf_kernel)
+ * through a whole small qwen3 in
  * each (embedding rows, every product, the head): a 12-token
  * prompt through the decode kernels with T = 12, a 48-token one through
  * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
@@ -1055,11 +1058,11 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
 static void tg_formats(void)
 {
     if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, "
-                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S models, F16, Q3_K, IQ4_XS, IQ2_XS, Q4_0 and "
-                        "Q5_K experts (bound: 1.5x CPU vs f32ref + 0.05)"))
+                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, F16 and BF16 models, F16, Q3_K, IQ4_XS, IQ2_XS, "
+                        "Q4_0 and Q5_K experts (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const char *const types[] = {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL",
-                                        "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"};
+    static const char *const types[] = {"Q4_0",   "Q5_0",  "Q2_K",  "Q3_K",    "Q5_K",  "IQ4_NL", "IQ4_XS",
+                                        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16",    "BF16"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char path[64], label[64];
         snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
@@ -1193,6 +1196,10 @@ void test_gpu(void)
             tg_matvec_type(types[i], 2048, 67);
             tg_matvec_type(types[i], 12288, 67);
             tg_matvec_type(types[i], 25600, wide);
+        }
+        if (quant_type(types[i])->blck == 1) {   /* gf_mvf_kernel: the activation row 48 and 100 KB of shared memory */
+            tg_matvec_type(types[i], 12288, 300);
+            tg_matvec_type(types[i], 25600, 300);
         }
         if (types[i] == QT_Q4_0 || types[i] == QT_Q5_0 || types[i] == QT_Q8_0 ||
             types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
