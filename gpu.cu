@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #define GF_AB 32          /* activation block: int8 codes with one scale */
 #define GF_ACT_SLACK 32   /* rows past c->aq's and c->ads's last (gf_act_alloc; gf_act_src reads them) */
@@ -2032,13 +2033,40 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_act_src &src, const 
     }
 }
 
+/* The end of a 16-row tile of W warps' mma sums (acc: each warp's C
+ * fragments over its share of the columns, token tiles of 8): they meet
+ * in shared memory, added in warp order, and rows r0.. of the first T
+ * tokens are stored. */
+template <int W, int NB>
+static __device__ __forceinline__ void gf_tile_put(const gf_mv &p, const float (&acc)[NB][4], int r0, int T)
+{
+    __shared__ float part[W][16][8 * NB];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
+    int total = p.end[p.parts - 1];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            part[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * 8 * NB; o += blockDim.x) {
+        int row = o / (8 * NB), t = o % (8 * NB);
+        if (t < T && r0 + row < total) {
+            float sum = part[0][row][t];
+            for (int i = 1; i < W; i++)
+                sum += part[i][row][t];
+            int rr, pt = gf_mv_part(p, r0 + row, &rr);
+            gf_mv_put(p, pt, 0, t, rr, sum);
+        }
+    }
+}
+
 template <class F, int NB, int BT>   /* the weight format; token tiles of 8; the activation's layout */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvq_kernel(gf_mv p)
 {
     GPU_TRACE(GT_MVQ);
 #if __CUDA_ARCH__ >= 800
     enum { W = GF_MVQ_WARPS };
-    __shared__ float part[W][16][8 * NB];
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
     int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / F::COLS, T = p.t_total;
     const uint8_t *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
@@ -2070,22 +2098,107 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     }
     if (sb < nsb)
         gf_mvq_unit<F, NB>(src, f, sb, ts, acc);
+    gf_tile_put<W, NB>(p, acc, r0, T);
+#endif
+}
+
+/* ==== the batched F16 and BF16 kernel: tensor cores (CUDA sm_80+) ====
+ * Against float weights, gf_mv_kernel met each 16-byte piece with every
+ * row's f32 activation from L1 (256 bytes a piece at 8 rows). Here the
+ * weights as they are, f16 or bf16, are the A operands of mma.sync
+ * m16n8k16 straight from memory, and the activation rounded to the
+ * weights' type (as quant.c's float dots round it) is B, f32 sums. The
+ * order of k within a k-step is free as long as A and B agree: lane
+ * (gq = lane/4, c = lane%4) loads 16 bytes of each of its rows gq, gq + 8
+ * at columns 32j + 8c .. +7 (a quad's 64 bytes of a row in one run), the
+ * first four k-step 2j's and the last four 2j + 1's, and its B from the
+ * same columns of token 8b + gq. A block is gf_mvq_kernel's: a 16-row
+ * tile, its warps taking the chunks of 32 columns in turn, GF_MVH_U of
+ * them loaded before any is used and the next GF_MVH_U in flight during
+ * their sums, the first before the wait (weights are no kernel's output). */
+#define GF_MVH_U 4
+
+template <bool BF>
+static __device__ __forceinline__ uint32_t gf_mvh_pack(float lo, float hi)
+{
+    if constexpr (BF) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *(const uint32_t *)&h;
+    } else {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *(const uint32_t *)&h;
+    }
+}
+
+/* d += A·B of one k-step: a0..a3 as m16n8k16's A registers, b0, b1 its B */
+template <bool BF>
+static __device__ __forceinline__ void gf_mvh_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1)
+{
+    if constexpr (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <bool BF, int NB>   /* bf16 weights, else f16; token tiles of 8 */
+__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvh_kernel(gf_mv p)
+{
+    GPU_TRACE(GT_MVH);
+#if __CUDA_ARCH__ >= 800
+    enum { W = GF_MVQ_WARPS, U = GF_MVH_U };
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nch = p.n / 32, T = p.t_total;
+    const int4 *w[2];   /* the lane's rows gq, gq + 8 (past the end: the last row, not written) */
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int rr, pt = gf_mv_part(p, min(r0 + gq + 8 * j, total - 1), &rr);
+        w[j] = (const int4 *)(p.w[pt] + (size_t)rr * p.ldw) + c;
+    }
+    int4 a[U][2];   /* chunks ch, ch + W, ... (past the row: not loaded, not used) */
+    auto fetch = [&](int ch) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (ch + u * W < nch)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    a[u][j] = gf_ld_stream(w[j] + 4 * (ch + u * W));
+    };
+    fetch(warp);
+    gf_pdl_begin();
+    /* token 8b + gq's columns 8c.. (tokens past T: the last one's, never stored) */
+    const float *x[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++)
+        x[b] = p.af + (size_t)min(8 * b + gq, T - 1) * p.n + 8 * c;
+    float acc[NB][4] = {};
+    for (int ch = warp; ch < nch; ch += U * W) {
+        int4 cur[U][2];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            part[warp][gq + 8 * (i / 2)][8 * b + 2 * c + i % 2] = acc[b][i];
-    __syncthreads();
-    for (int o = threadIdx.x; o < 16 * 8 * NB; o += blockDim.x) {
-        int row = o / (8 * NB), t = o % (8 * NB);
-        if (t < T && r0 + row < total) {
-            float sum = part[0][row][t];
-            for (int i = 1; i < W; i++)
-                sum += part[i][row][t];
-            int rr, pt = gf_mv_part(p, r0 + row, &rr);
-            gf_mv_put(p, pt, 0, t, rr, sum);
+        for (int u = 0; u < U; u++)
+            cur[u][0] = a[u][0], cur[u][1] = a[u][1];
+        fetch(ch + U * W);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int k = ch + u * W;
+            if (k >= nch)
+                break;
+            const int4 &ra = cur[u][0], &rb = cur[u][1];
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                float4 x0 = *(const float4 *)(x[b] + 32 * k), x1 = *(const float4 *)(x[b] + 32 * k + 4);
+                gf_mvh_mma<BF>(acc[b], ra.x, rb.x, ra.y, rb.y, gf_mvh_pack<BF>(x0.x, x0.y), gf_mvh_pack<BF>(x0.z, x0.w));
+                gf_mvh_mma<BF>(acc[b], ra.z, rb.z, ra.w, rb.w, gf_mvh_pack<BF>(x1.x, x1.y), gf_mvh_pack<BF>(x1.z, x1.w));
+            }
         }
     }
+    gf_tile_put<W, NB>(p, acc, r0, T);
 #endif
 }
 
@@ -3392,12 +3505,20 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
             gf_launch(gf_mv1_kernel<Q>, grid, GF_MV1_WARPS * GPU_WARP, 0, s, p);
     } else if (nt == GF_MMA_T) {
 #ifdef GPU_CUDA
-        typedef typename gf_mvq_of<Q>::F F;
         dim3 grid((rows + 15) / 16);
-        if (p.t_total > 8)
-            gf_mvq_launch<F, 2>(p, grid, s);
-        else
-            gf_mvq_launch<F, 1>(p, grid, s);
+        if constexpr (Q::FLOAT) {
+            constexpr bool BF = std::is_same<Q, gf_bf16>::value;
+            if (p.t_total > 8)
+                gf_launch(gf_mvh_kernel<BF, 2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+            else
+                gf_launch(gf_mvh_kernel<BF, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+        } else {
+            typedef typename gf_mvq_of<Q>::F F;
+            if (p.t_total > 8)
+                gf_mvq_launch<F, 2>(p, grid, s);
+            else
+                gf_mvq_launch<F, 1>(p, grid, s);
+        }
 #endif
     } else {
         dim3 grid((rows + GF_MV_WARPS - 1) / GF_MV_WARPS, groups);
@@ -3405,24 +3526,31 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
     }
 }
 
+/* whether the device has the tensor cores of gf_mvq_kernel and
+ * gf_mvh_kernel (CUDA sm_80+; STRATA_GPU_MV_OLD=1: never) */
+static int gf_mma_ok(void)
+{
+#ifdef GPU_CUDA
+    int arch = 0, sms = 0;
+    return !gf_env("STRATA_GPU_MV_OLD") && gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
+#else
+    return 0;   /* no tensor-core kernel in a HIP build */
+#endif
+}
+
 /* whether a matrix of this type and width has gf_mvq_kernel's units (and
  * the device the tensor cores they need) */
 static int gf_mvq_units(int type, int n)
 {
-#ifdef GPU_CUDA
-    int arch = 0, sms = 0;
-    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && !gf_env("STRATA_GPU_MV_OLD") &&
-           gpu_device_facts(&arch, &sms) == gpuSuccess && arch >= 80;
-#else
-    (void)type, (void)n;   /* no tensor-core kernel in a HIP build */
-    return 0;
-#endif
+    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && gf_mma_ok();
 }
 
-/* whether gf_mvq_kernel takes T rows against a matrix of this type and width */
+/* whether gf_mvq_kernel (F16 and BF16: gf_mvh_kernel) takes T rows against
+ * a matrix of this type and width */
 static int gf_mvq_takes(int type, int n, int T)
 {
-    return T > 1 && T <= GF_MMA_T && gf_mvq_units(type, n);
+    int fl = (type == QT_F16 || type == QT_BF16) && n % 32 == 0 && gf_mma_ok();
+    return T > 1 && T <= GF_MMA_T && (gf_mvq_units(type, n) || fl);
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
@@ -4088,7 +4216,7 @@ static const char *gf_trace_name(const gf_trace_grid *g)
 {
     static const char *names[GT_N] = {"-", "mv", "mvrow", "mvk", "mvs", "mvq", "act", "norm_router", "embed",
                                       "store", "qkv", "route", "moe_sum", "add", "dec", "merge", "rope", "mvx", "mv2",
-                                      "mvf"};
+                                      "mvf", "mvh"};
     return g->tag < GT_N ? names[g->tag] : "?";
 }
 

@@ -72,6 +72,7 @@ static inline void gpu_hip_drop(hipError_t e) { (void)e; }
 #define gpu_shfl_xor(v, m) __shfl_xor(v, m)
 #define gpu_shfl(v, l) __shfl(v, l)
 #else
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define GPU_CUDA 1
@@ -197,7 +198,7 @@ static __device__ __forceinline__ void gpu_syncwarp()
  * costs 6-7% of a decode step. */
 #if defined(STRATA_TRACE) && defined(GPU_CUDA)
 enum gpu_trace_tag { GT_MV = 1, GT_MVROW, GT_MVK, GT_MVS, GT_MVQ, GT_ACT, GT_NORM_ROUTER, GT_EMBED, GT_STORE, GT_QKV,
-                     GT_ROUTE, GT_MOE_SUM, GT_ADD, GT_DEC, GT_MERGE, GT_ROPE, GT_MVX, GT_MV2, GT_MVF, GT_N };
+                     GT_ROUTE, GT_MOE_SUM, GT_ADD, GT_DEC, GT_MERGE, GT_ROPE, GT_MVX, GT_MV2, GT_MVF, GT_MVH, GT_N };
 #define GPU_TRACE_GRIDS 4096
 #define GPU_TRACE_BLOCKS 1024
 struct gpu_trace_rec {
