@@ -10,15 +10,17 @@
  * each batch size. Products of more than 16 rows go to gpu_gemm.cu where it
  * takes the type, else to the matrix-vector kernels over batches of tokens
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
- * to tensor cores (gf_mvq_kernel); of one row, Q4_K to gf_mvk_kernel, the
- * formats with a staged form (gf_mvs_of: Q4_0, Q5_0, Q8_0, the other
- * K-quants, IQ4_NL, IQ4_XS, the lattices) to gf_mvs_kernel, and a Q4_K and
- * a Q6_K product of one width (a Q4_K_M layer's q/k and v) to one launch of
- * both (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
+ * to tensor cores (gf_mvq_kernel), F16 and BF16 too (gf_mvh_kernel); of one
+ * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
+ * Q4_0, Q5_0, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the lattices) to
+ * gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and a Q6_K product
+ * of one width (a Q4_K_M layer's q/k and v) to one launch of both
+ * (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
  * STRATA_GPU_NO_GRAPH=1 runs decode without the graph, STRATA_GPU_NO_PDL=1
  * without programmatic dependent launch,
- * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel
- * and gf_mvq_kernel (the staged one for one row, 8-row blocks for more), and
+ * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel,
+ * gf_mvf_kernel, gf_mvq_kernel and gf_mvh_kernel (the staged one for one
+ * row, 8-row blocks for more), and
  * STRATA_GPU_MOE_PAIRS=1 a prompt's experts one (token, expert) pair at a
  * time through the matrix-vector kernels instead of gpu_gemm (A/B), and
  * STRATA_GPU_NO_NORM_ROUTER=1 a one-token MoE layer's RMSNorm and router
