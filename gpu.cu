@@ -775,10 +775,11 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 }
 
 /* ==== the staged decode kernel (one activation row per group) ====
- * Decode for the types without a kernel of their own below (gf_mvk_kernel:
- * Q4_K; gf_mvs_kernel: Q6_K and Q8_0), for rows wider than those take, and
- * for other formats' experts side by side. Decode streams every weight byte
- * once: a warp copies GF_MV1_R rows' bytes chunk by chunk into shared
+ * Decode for the one-row products no kernel below takes (gf_mvk_kernel,
+ * gf_mvs_kernel, gf_mvf_kernel): Q4_1 and Q5_1, rows wider than those
+ * take, and the formats without a staged form side by side as experts.
+ * Decode streams every weight byte once: a warp copies GF_MV1_R rows'
+ * bytes chunk by chunk into shared
  * memory with aligned 16-byte loads (fully coalesced whatever the block
  * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
  * chunk's loads are in flight while its lanes decode the current chunk from
