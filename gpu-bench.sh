@@ -17,10 +17,10 @@
 #
 # Usage: bash gpu-bench.sh DIR STEP...   with steps: tests, profile (test_gpu.c's per-stage profile of
 # an 8B Q4_K decode step and 512-token prompt; profile-moe: the same and 12 layers of the 30B-A3B
-# shape), mv (the products alone: Q4_K at 1..16 rows, Q6_K, Q8_0, F16 and BF16 at one; ncu-mv:
-# Nsight Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix), 8b-q8,
-# 8b-q5km (a Q5_K_M file's), 8b-q4_0, 8b-f16, 8b-bf16, 30b-q4k, 30b-q4km, 30b-q8, 32b-q4k, 32b-q4km (the Qwen3-32B
-# shape, 18 GB at Q4_K), batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
+# shape), mv (the products alone: Q4_K and F16 at 1..16 rows, Q6_K, Q8_0 and BF16 at one;
+# ncu-mv: Nsight Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix),
+# 8b-q8, 8b-q5km (a Q5_K_M file's), 8b-q4_0, 8b-f16, 8b-bf16, 30b-q4k, 30b-q4km, 30b-q8,
+# 32b-q4k, 32b-q4km (the Qwen3-32B shape, 18 GB at Q4_K), batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
 # serve (strata serve --parallel N on the 8B Q4_K, N concurrent completions of 256 tokens by
 # curl, the wall time; SERVE_N, default "8 16"),
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:

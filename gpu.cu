@@ -779,9 +779,9 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
  * gf_mvs_kernel, gf_mvf_kernel): Q4_1 and Q5_1, rows wider than those
  * take, and the formats without a staged form side by side as experts.
  * Decode streams every weight byte once: a warp copies GF_MV1_R rows'
- * bytes chunk by chunk into shared
- * memory with aligned 16-byte loads (fully coalesced whatever the block
- * size: 34-byte Q8_0 blocks cost no 2-byte global loads), and the next
+ * bytes chunk by chunk into shared memory with aligned 16-byte loads
+ * (fully coalesced whatever the block size: 34-byte Q8_0 blocks cost no
+ * 2-byte global loads), and the next
  * chunk's loads are in flight while its lanes decode the current chunk from
  * shared memory with the unit structs above. A chunk of GF_MV1_CHUNK bytes
  * is one Q4_K row of 4096: the common rows take one or three chunks. On the
@@ -2196,8 +2196,10 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 float4 x0 = *(const float4 *)(x[b] + 32 * k), x1 = *(const float4 *)(x[b] + 32 * k + 4);
-                gf_mvh_mma<BF>(acc[b], ra.x, rb.x, ra.y, rb.y, gf_mvh_pack<BF>(x0.x, x0.y), gf_mvh_pack<BF>(x0.z, x0.w));
-                gf_mvh_mma<BF>(acc[b], ra.z, rb.z, ra.w, rb.w, gf_mvh_pack<BF>(x1.x, x1.y), gf_mvh_pack<BF>(x1.z, x1.w));
+                gf_mvh_mma<BF>(acc[b], ra.x, rb.x, ra.y, rb.y, gf_mvh_pack<BF>(x0.x, x0.y),
+                               gf_mvh_pack<BF>(x0.z, x0.w));
+                gf_mvh_mma<BF>(acc[b], ra.z, rb.z, ra.w, rb.w, gf_mvh_pack<BF>(x1.x, x1.y),
+                               gf_mvh_pack<BF>(x1.z, x1.w));
             }
         }
     }

@@ -34,8 +34,8 @@ struct tg_err {
  * (N wide; aq: xt in quant.c's activation type for qt->dot), into e: the
  * FP64 dot of the dequantised weights with the f32 activation (x, or
  * RMSNorm(x)·gw or silu(x)·u as the pass forms them; float weights: or
- * with aq's). The GPU quantises the
- * activation per 32 values with d = amax/127 stored as f16, so an element
+ * with aq's). The GPU quantises the activation per 32 values with
+ * d = amax/127 stored as f16, so an element
  * moves by at most d/2 + 127·d·2^-11 < 0.57·amax/127; the bound is that
  * times Σ|w| per block, plus 1e-5·Σ|w·x| for f32 summation. quant.c's dot
  * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
@@ -1060,8 +1060,8 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
 }
 
 /* Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices
- * (their one-row products: gf_mvs_kernel), F16 and BF16 (gf_mvf_kernel)
- * through a whole small qwen3 in
+ * (their one-row products: gf_mvs_kernel), F16 and BF16 (gf_mvf_kernel;
+ * their 12-token prompts gf_mvh_kernel) through a whole small qwen3 in
  * each (embedding rows, every product, the head): a 12-token
  * prompt through the decode kernels with T = 12, a 48-token one through
  * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
@@ -1074,8 +1074,8 @@ static void tg_formats(void)
                         "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, F16 and BF16 models, F16, Q3_K, IQ4_XS, IQ2_XS, "
                         "Q4_0 and Q5_K experts (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const char *const types[] = {"Q4_0",   "Q5_0",  "Q2_K",  "Q3_K",    "Q5_K",  "IQ4_NL", "IQ4_XS",
-                                        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16",    "BF16"};
+    static const char *const types[] = {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS",
+                                        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16", "BF16"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char path[64], label[64];
         snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
