@@ -458,27 +458,13 @@ __global__ void __launch_bounds__(32 * AK_SIMT_ROWS) ak_simt(ak_args a)
 #endif
 
 #ifdef AK_MMA_BODY
-static __device__ __forceinline__ uint32_t ak_pack(float x, float y)
-{
-    __half2 h = __floats2half2_rn(x, y);
-    return *(uint32_t *)&h;
-}
-
 /* x = hi + lo: hi = f16(x), lo = f16(x - hi). */
 static __device__ __forceinline__ void ak_split2(float x, float y, uint32_t *hi, uint32_t *lo)
 {
     __half2 h = __floats2half2_rn(x, y);
     float2 f = __half22float2(h);
     *hi = *(uint32_t *)&h;
-    *lo = ak_pack(x - f.x, y - f.y);
-}
-
-static __device__ __forceinline__ void ak_mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    *lo = gpu_pack16(x - f.x, y - f.y);
 }
 
 /* Four 8x8 f16 matrices, transposed: the B fragments of two n-tiles of V. */
@@ -540,7 +526,7 @@ static __device__ __forceinline__ uint4 ak_cvt(const ak_raw &r, int e8)
                 f[m] = (float)((int)((byte >> ((e8 & 31) < 16 ? 0 : 4)) & 15) - 8) *
                        __half2float(__ushort_as_half((unsigned short)r.d));
         }
-        return make_uint4(ak_pack(f[0], f[1]), ak_pack(f[2], f[3]), ak_pack(f[4], f[5]), ak_pack(f[6], f[7]));
+        return make_uint4(gpu_pack16(f[0], f[1]), gpu_pack16(f[2], f[3]), gpu_pack16(f[4], f[5]), gpu_pack16(f[6], f[7]));
     }
 }
 
@@ -798,8 +784,8 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
             for (int nt = 0; nt < 8; nt++) {
                 const __half *kb = Ks + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
                 uint32_t b0 = *(const uint32_t *)kb, b1 = *(const uint32_t *)(kb + 8);
-                ak_mma16816(S[nt], al, b0, b1);
-                ak_mma16816(S[nt], ah, b0, b1);
+                gpu_mma16816(S[nt], al, b0, b1);
+                gpu_mma16816(S[nt], ah, b0, b1);
             }
         }
         /* scale, mask, the block max of each row (over the quad of lanes) */
@@ -858,10 +844,10 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
             for (int np = 0; np < E / 16; np++) {
                 uint32_t b[4];
                 ak_ldm4t(b, Vs + (kk * 16 + (lane & 15)) * LD + np * 16 + (lane >> 4) * 8);
-                ak_mma16816(O[2 * np], pl, b[0], b[1]);
-                ak_mma16816(O[2 * np], ph, b[0], b[1]);
-                ak_mma16816(O[2 * np + 1], pl, b[2], b[3]);
-                ak_mma16816(O[2 * np + 1], ph, b[2], b[3]);
+                gpu_mma16816(O[2 * np], pl, b[0], b[1]);
+                gpu_mma16816(O[2 * np], ph, b[0], b[1]);
+                gpu_mma16816(O[2 * np + 1], pl, b[2], b[3]);
+                gpu_mma16816(O[2 * np + 1], ph, b[2], b[3]);
             }
         }
     }
@@ -1308,8 +1294,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
-                    ak_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
-                    ak_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
+                    gpu_mma16816(S[nb][mc], af, ql[nb][ks][0], ql[nb][ks][1]);
+                    gpu_mma16816(S[nb][mc], af, qh[nb][ks][0], qh[nb][ks][1]);
                 }
             }
         }
@@ -1444,10 +1430,10 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
                 }
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
-                    ak_mma16816(O[nb][2 * j], a0, pl[nb][mc][0], pl[nb][mc][1]);
-                    ak_mma16816(O[nb][2 * j], a0, ph[nb][mc][0], ph[nb][mc][1]);
-                    ak_mma16816(O[nb][2 * j + 1], a1, pl[nb][mc][0], pl[nb][mc][1]);
-                    ak_mma16816(O[nb][2 * j + 1], a1, ph[nb][mc][0], ph[nb][mc][1]);
+                    gpu_mma16816(O[nb][2 * j], a0, pl[nb][mc][0], pl[nb][mc][1]);
+                    gpu_mma16816(O[nb][2 * j], a0, ph[nb][mc][0], ph[nb][mc][1]);
+                    gpu_mma16816(O[nb][2 * j + 1], a1, pl[nb][mc][0], pl[nb][mc][1]);
+                    gpu_mma16816(O[nb][2 * j + 1], a1, ph[nb][mc][0], ph[nb][mc][1]);
                 }
             }
         }

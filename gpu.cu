@@ -2121,35 +2121,6 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
  * their sums, the first before the wait (weights are no kernel's output). */
 #define GF_MVH_U 4
 
-template <bool BF>
-static __device__ __forceinline__ uint32_t gf_mvh_pack(float lo, float hi)
-{
-    if constexpr (BF) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        return *(const uint32_t *)&h;
-    } else {
-        __half2 h = __floats2half2_rn(lo, hi);
-        return *(const uint32_t *)&h;
-    }
-}
-
-/* d += A·B of one k-step: a0..a3 as m16n8k16's A registers, b0, b1 its B */
-template <bool BF>
-static __device__ __forceinline__ void gf_mvh_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint32_t b0, uint32_t b1)
-{
-    if constexpr (BF)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 template <bool BF, int NB>   /* bf16 weights, else f16; token tiles of 8 */
 __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvh_kernel(gf_mv p)
 {
@@ -2193,13 +2164,13 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
             if (k >= nch)
                 break;
             const int4 &ra = cur[u][0], &rb = cur[u][1];
+            const uint32_t a0[4] = {(uint32_t)ra.x, (uint32_t)rb.x, (uint32_t)ra.y, (uint32_t)rb.y};
+            const uint32_t a1[4] = {(uint32_t)ra.z, (uint32_t)rb.z, (uint32_t)ra.w, (uint32_t)rb.w};
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 float4 x0 = *(const float4 *)(x[b] + 32 * k), x1 = *(const float4 *)(x[b] + 32 * k + 4);
-                gf_mvh_mma<BF>(acc[b], ra.x, rb.x, ra.y, rb.y, gf_mvh_pack<BF>(x0.x, x0.y),
-                               gf_mvh_pack<BF>(x0.z, x0.w));
-                gf_mvh_mma<BF>(acc[b], ra.z, rb.z, ra.w, rb.w, gf_mvh_pack<BF>(x1.x, x1.y),
-                               gf_mvh_pack<BF>(x1.z, x1.w));
+                gpu_mma16816<BF>(acc[b], a0, gpu_pack16<BF>(x0.x, x0.y), gpu_pack16<BF>(x0.z, x0.w));
+                gpu_mma16816<BF>(acc[b], a1, gpu_pack16<BF>(x1.x, x1.y), gpu_pack16<BF>(x1.z, x1.w));
             }
         }
     }

@@ -169,6 +169,39 @@ static __device__ __forceinline__ int gpu_dp4a_of(int a, int b, int c)
 #define gpu_dp4a_us(a, b, c) gpu_dp4a_of<uint8_t>(a, b, c)
 #endif
 
+/* c += A·B, one mma.sync m16n8k16 (CUDA sm_80+; its callers are built for
+ * those only): A's four registers a, B's b0 and b1, f16 (or bf16: BF),
+ * f32 sums; gpu_pack16 rounds two floats to such a register (lo in the
+ * low half). */
+#ifdef GPU_CUDA
+template <bool BF = false>
+static __device__ __forceinline__ uint32_t gpu_pack16(float lo, float hi)
+{
+    if constexpr (BF) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *(const uint32_t *)&h;
+    } else {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *(const uint32_t *)&h;
+    }
+}
+
+template <bool BF = false>
+static __device__ __forceinline__ void gpu_mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    if constexpr (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
 /* The lanes of one warp meet: shared-memory writes before it show to every
  * lane after it. */
 #ifdef GPU_CUDA

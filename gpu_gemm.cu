@@ -266,13 +266,6 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
                  : "r"(gg_smem(p)));
 }
 
-static __device__ __forceinline__ void gg_mma16816(float c[4], const unsigned a[4], const unsigned b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 #endif
 
 /* The pipeline: GG_SA activation k-tiles in flight (cp.async groups, one
@@ -444,7 +437,7 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
-                    gg_mma16816(acc[mt][nt], af[mt], bf[nt]);
+                    gpu_mma16816(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
         }
         store_w((kt + 1) & 1);
     }

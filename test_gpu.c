@@ -73,14 +73,12 @@ static void tg_check_dot(const struct quant_type *qt, int type, const uint8_t *w
     if (type == QT_F16 || type == QT_BF16) {
         /* the one-row kernels meet float weights with the f32 activation,
          * the batched one (gf_mvh_kernel) with it rounded as quant.c rounds
-         * it (aq): the FP64 dot of either activation, to the same bound */
-        float *xr = malloc(sizeof(float) * N);
-        quant_type(qt->dot_type)->to_f32(aq, xr, N);
+         * it (aq, 16-bit): the FP64 dot of either activation, to the same bound */
+        const uint16_t *xr = aq;
         double refr = 0;
         for (int i = 0; i < N; i++)
-            refr += (double)wr[i] * xr[i];
+            refr += (double)wr[i] * (type == QT_F16 ? quant_f16_to_f32(xr[i]) : quant_bf16_to_f32(xr[i]));
         d = fmin(d, fabs(g - refr));
-        free(xr);
     }
     e->rms += d * d / (mag * mag + 1e-30);
     e->worst = fmax(e->worst, d / bound);
