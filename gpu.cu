@@ -12,10 +12,10 @@
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
  * to tensor cores (gf_mvq_kernel), F16 and BF16 too (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
- * Q4_0, Q5_0, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the lattices) to
- * gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and a Q6_K product
- * of one width (a Q4_K_M layer's q/k and v) to one launch of both
- * (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
+ * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
+ * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
+ * a Q6_K product of one width (a Q4_K_M layer's q/k and v) to one launch
+ * of both (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
  * STRATA_GPU_NO_GRAPH=1 runs decode without the graph, STRATA_GPU_NO_PDL=1
  * without programmatic dependent launch,
  * STRATA_GPU_MV_OLD=1 with the kernels before gf_mvk_kernel, gf_mvs_kernel,
@@ -776,8 +776,9 @@ __global__ void __launch_bounds__(GF_MV_WARPS * GPU_WARP) gf_mv_kernel(gf_mv p)
 
 /* ==== the staged decode kernel (one activation row per group) ====
  * Decode for the one-row products no kernel below takes (gf_mvk_kernel,
- * gf_mvs_kernel, gf_mvf_kernel): Q4_1 and Q5_1, rows wider than those
- * take, and the formats without a staged form side by side as experts.
+ * gf_mvs_kernel, gf_mvf_kernel): rows wider than those take or of widths
+ * they do not tile, and the formats without a staged form side by side as
+ * experts.
  * Decode streams every weight byte once: a warp copies GF_MV1_R rows'
  * bytes chunk by chunk into shared memory with aligned 16-byte loads
  * (fully coalesced whatever the block size: 34-byte Q8_0 blocks cost no
@@ -1513,11 +1514,12 @@ struct gf_mvs_q3_K {
     }
 };
 
-/* Q4_0 and Q5_0 (QH: a fifth bit a code, BB = 18 or 22 bytes a block):
- * Q8_0's units, blocks 2u and 2u + 1 of a "superblock" of eight; each
- * block's codes as gf_q4_0's and gf_q5_0's, their offset of 8 or 16 taken
- * out of the sum with the pieces' sums of codes */
-template <int BB, bool QH>
+/* Q4_0, Q5_0, Q4_1 and Q5_1 (QH: a fifth bit a code; MIN: a min after
+ * the scale; BB = 18, 22, 20 or 24 bytes a block): Q8_0's units, blocks 2u
+ * and 2u + 1 of a "superblock" of eight; each block's codes as gf_q4_0's
+ * and gf_q5_0's, their offset of 8 or 16 taken out of the sum, or the min
+ * times the activation's sum added, with the pieces' sums of codes */
+template <int BB, bool QH, bool MIN>
 struct gf_mvs_q4 {
     enum { SB = 8 * BB, UPS = 4 };
     static __device__ int col(int u, int i) { return gf_mvs_q8_0::col(u, i); }
@@ -1532,9 +1534,12 @@ struct gf_mvs_q4 {
             int q[4], lo[4], hi[4];
             for (int w = 0; w < 4; w++)
                 q[w] = gf_ld32h(bk + BB - 16 + 4 * w);
-            gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + 2) : 0u, lo, hi);
-            int s = gf_dot32a(lo, hi, xa[2 * k], xa[2 * k + 1]);
-            sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * (xs[2 * k] + xs[2 * k + 1]));
+            gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + (MIN ? 4 : 2)) : 0u, lo, hi);
+            int s = gf_dot32a(lo, hi, xa[2 * k], xa[2 * k + 1]), sc = xs[2 * k] + xs[2 * k + 1];
+            if constexpr (MIN)
+                sum += xd[2 * k] * (gf_h2f(gf_ld16(bk)) * (float)s + gf_h2f(gf_ld16(bk + 2)) * (float)sc);
+            else
+                sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * sc);
         }
         return sum;
     }
@@ -1645,8 +1650,10 @@ template <> struct gf_mvs_of<gf_q8_0> { enum { OK = 1 }; typedef gf_mvs_q8_0 G; 
 template <> struct gf_mvs_of<gf_q6_K> { enum { OK = 1 }; typedef gf_mvs_q6_K G; };
 template <> struct gf_mvs_of<gf_q2_K> { enum { OK = 1 }; typedef gf_mvs_q2_K G; };
 template <> struct gf_mvs_of<gf_q3_K> { enum { OK = 1 }; typedef gf_mvs_q3_K G; };
-template <> struct gf_mvs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvs_q4<18, false> G; };
-template <> struct gf_mvs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvs_q4<22, true> G; };
+template <> struct gf_mvs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvs_q4<18, false, false> G; };
+template <> struct gf_mvs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvs_q4<22, true, false> G; };
+template <> struct gf_mvs_of<gf_q4_1> { enum { OK = 1 }; typedef gf_mvs_q4<20, false, true> G; };
+template <> struct gf_mvs_of<gf_q5_1> { enum { OK = 1 }; typedef gf_mvs_q4<24, true, true> G; };
 template <> struct gf_mvs_of<gf_q5_K> { enum { OK = 1 }; typedef gf_mvs_q5_K G; };
 template <> struct gf_mvs_of<gf_iq4_xs> { enum { OK = 1 }; typedef gf_mvs_iq4_xs G; };
 template <> struct gf_mvs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvs_iq4_nl G; };
@@ -3333,13 +3340,13 @@ static void gf_mvs_launch_n(const gf_mv &p, int groups, int S, gpuStream_t s)
 
 /* the staged formats with a handed-on norm's forms (gf_hand_takes) and
  * experts side by side: the common files' (Q4_K_M's and Q5_K_M's layers
- * of more bits, Q8_0, Q4_0, Q5_0 and Q5_K files); the others never take
+ * of more bits, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 and Q5_K files); the others never take
  * part in one (each form is some dozen kernels more to compile) */
 template <class F> struct gf_mvs_hands { enum { OK = 0 }; };
 template <> struct gf_mvs_hands<gf_mvs_q6_K> { enum { OK = 1 }; };
 template <> struct gf_mvs_hands<gf_mvs_q8_0> { enum { OK = 1 }; };
 template <> struct gf_mvs_hands<gf_mvs_q5_K> { enum { OK = 1 }; };
-template <int BB, bool QH> struct gf_mvs_hands<gf_mvs_q4<BB, QH> > { enum { OK = 1 }; };
+template <int BB, bool QH, bool MIN> struct gf_mvs_hands<gf_mvs_q4<BB, QH, MIN> > { enum { OK = 1 }; };
 
 template <class F, int UL>
 static void gf_mvs_launch(const gf_mv &p, int groups, int S, gpuStream_t s)
@@ -3396,6 +3403,8 @@ static int gf_hand_takes(int type, int n, int ne)
     case QT_Q4_K: return gf_mvk_takes(type, n, &UL, &S);
     case QT_Q4_0: return gf_mvs_hand_takes<gf_q4_0>(n, ne);
     case QT_Q5_0: return gf_mvs_hand_takes<gf_q5_0>(n, ne);
+    case QT_Q4_1: return gf_mvs_hand_takes<gf_q4_1>(n, ne);
+    case QT_Q5_1: return gf_mvs_hand_takes<gf_q5_1>(n, ne);
     case QT_Q5_K: return gf_mvs_hand_takes<gf_q5_K>(n, ne);
     case QT_Q6_K: return gf_mvs_hand_takes<gf_q6_K>(n, ne);
     case QT_Q8_0: return gf_mvs_hand_takes<gf_q8_0>(n, ne);

@@ -1057,23 +1057,23 @@ static int tg_dense_model(const struct tg_dense *d, const char *path, char *labe
     return CHECK(synth_main((int)(sizeof argv / sizeof argv[0]), argv, err, sizeof err) == 0, "synth: %s", err);
 }
 
-/* Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices
+/* Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and the IQ2/IQ3 lattices
  * (their one-row products: gf_mvs_kernel), F16 and BF16 (gf_mvf_kernel;
  * their 12-token prompts gf_mvh_kernel) through a whole small qwen3 in
  * each (embedding rows, every product, the head): a 12-token
  * prompt through the decode kernels with T = 12, a 48-token one through
  * gpu_gemm, then one-token steps; and qwen3moe models whose decode steps
  * take the experts side by side in F16 (the float path), Q3_K, IQ4_XS and
- * IQ2_XS (the block-a-row and staged kernels), Q4_0 and Q5_K
+ * IQ2_XS (the block-a-row and staged kernels), Q4_0, Q5_K and Q5_1
  * (gf_mvs_kernel's experts, the next norm handed on). */
 static void tg_formats(void)
 {
-    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q4_0, Q5_0, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, "
-                        "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, F16 and BF16 models, F16, Q3_K, IQ4_XS, IQ2_XS, "
-                        "Q4_0 and Q5_K experts (bound: 1.5x CPU vs f32ref + 0.05)"))
+    if (!test_begin_gpu("gpu/formats GPU vs CPU teacher-forced, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, "
+                        "IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, F16 and BF16 models, F16, Q3_K, IQ4_XS, "
+                        "IQ2_XS, Q4_0, Q5_K and Q5_1 experts (bound: 1.5x CPU vs f32ref + 0.05)"))
         return;
-    static const char *const types[] = {"Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS",
-                                        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16", "BF16"};
+    static const char *const types[] = {"Q4_0",    "Q5_0",   "Q4_1",  "Q5_1",    "Q2_K",  "Q3_K", "Q5_K", "IQ4_NL",
+                                        "IQ4_XS",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "F16",  "BF16"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char path[64], label[64];
         snprintf(path, sizeof path, "/tmp/strata-test-gpu-%s.gguf", types[i]);
@@ -1087,7 +1087,7 @@ static void tg_formats(void)
     /* experts side by side: the float path, the block-a-row and staged kernels, gf_mvs_kernel */
     static const char *const moe[][2] = {
         {"F16", "n_embd=256"},    {"Q3_K", "n_embd=256"}, {"IQ4_XS", "n_embd=2304"},
-        {"IQ2_XS", "n_embd=256"}, {"Q4_0", "n_embd=256"}, {"Q5_K", "n_embd=256"}};
+        {"IQ2_XS", "n_embd=256"}, {"Q4_0", "n_embd=256"}, {"Q5_K", "n_embd=256"}, {"Q5_1", "n_embd=256"}};
     for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
         const char *path = tg_moe_model(moe[i][0], moe[i][1], "n_ff_exp=256");
         if (path)
@@ -1212,8 +1212,9 @@ void test_gpu(void)
             tg_matvec_type(types[i], 12288, 300);
             tg_matvec_type(types[i], 25600, 300);
         }
-        if (types[i] == QT_Q4_0 || types[i] == QT_Q5_0 || types[i] == QT_Q8_0 ||
-            types[i] == QT_IQ4_NL) {   /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
+        /* widths of 256s: gf_mvs_kernel (one row; 12288: a stage over 48 KB) */
+        if (types[i] == QT_Q4_0 || types[i] == QT_Q5_0 || types[i] == QT_Q4_1 || types[i] == QT_Q5_1 ||
+            types[i] == QT_Q8_0 || types[i] == QT_IQ4_NL) {
             tg_matvec_type(types[i], 5120, 67);   /* and gf_mvq_kernel (batches) */
             tg_matvec_type(types[i], 12288, 67);
             tg_matvec_type(types[i], 25600, wide);
