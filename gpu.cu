@@ -74,6 +74,26 @@ static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
     const uint16_t *q = (const uint16_t *)p;
     return (int)((uint32_t)q[0] | (uint32_t)q[1] << 16);
 }
+/* N words at p in the widest loads its alignment allows: 16 bytes, 8, or
+ * two of 2 (the stages keep a row's address mod 16) */
+template <int N>
+static __device__ __forceinline__ void gf_ldw(uint32_t (&w)[N], const uint8_t *p)
+{
+    unsigned a = (unsigned)(uintptr_t)p & 15;
+    if (N % 4 == 0 && a == 0)
+        for (int i = 0; i < N / 4; i++) {
+            uint4 v = ((const uint4 *)p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    else if (N % 2 == 0 && a % 8 == 0)
+        for (int i = 0; i < N / 2; i++) {
+            uint2 v = ((const uint2 *)p)[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    else
+        for (int i = 0; i < N; i++)
+            w[i] = (uint32_t)gf_ld32h(p + 4 * i);
+}
 /* bits 0..3 of h to bit 4 of bytes 0..3 */
 static __device__ __forceinline__ int gf_bit4(uint32_t h)
 {
@@ -1527,6 +1547,8 @@ struct gf_mvs_q4 {
                                 const int (&xs)[4])
     {
         b += 2 * BB * (u % 4);
+        if constexpr (MIN)
+            return dot_min(b, xa, xd, xs);
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
@@ -1534,12 +1556,32 @@ struct gf_mvs_q4 {
             int q[4], lo[4], hi[4];
             for (int w = 0; w < 4; w++)
                 q[w] = gf_ld32h(bk + BB - 16 + 4 * w);
-            gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + (MIN ? 4 : 2)) : 0u, lo, hi);
+            gf_nibbles(q, QH ? (uint32_t)gf_ld32h(bk + 2) : 0u, lo, hi);
             int s = gf_dot32a(lo, hi, xa[2 * k], xa[2 * k + 1]), sc = xs[2 * k] + xs[2 * k + 1];
-            if constexpr (MIN)
-                sum += xd[2 * k] * (gf_h2f(gf_ld16(bk)) * (float)s + gf_h2f(gf_ld16(bk + 2)) * (float)sc);
-            else
-                sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * sc);
+            sum += gf_h2f(gf_ld16(bk)) * xd[2 * k] * (float)(s - (QH ? 16 : 8) * sc);
+        }
+        return sum;
+    }
+    /* Q4_1 and Q5_1: the pair's 2·BB bytes (4-aligned blocks) in as few
+     * loads as their alignment allows. A lane's pair is 40 or 48 bytes past
+     * its neighbour's, 10 or 12 banks: 4-byte loads of Q5_1's conflict four
+     * ways; 8-byte ones of Q4_1's and 16-byte ones of Q5_1's not at all (a
+     * file whose tensors are less aligned takes 2-byte loads, gf_ldw). */
+    static __device__ float dot_min(const uint8_t *b, const int4 (&xa)[4], const float (&xd)[4], const int (&xs)[4])
+    {
+        enum { W = BB / 4 };   /* words a block */
+        uint32_t w[2 * W];
+        gf_ldw(w, b);
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const uint32_t *bw = w + W * k;   /* d and m, (Q5_1: qh,) 16 bytes of codes */
+            int q[4], lo[4], hi[4];
+            for (int i = 0; i < 4; i++)
+                q[i] = (int)bw[W - 4 + i];
+            gf_nibbles(q, QH ? bw[1] : 0u, lo, hi);
+            int s = gf_dot32a(lo, hi, xa[2 * k], xa[2 * k + 1]), sc = xs[2 * k] + xs[2 * k + 1];
+            sum += xd[2 * k] * (gf_h2f((uint16_t)bw[0]) * (float)s + gf_h2f((uint16_t)(bw[0] >> 16)) * (float)sc);
         }
         return sum;
     }
@@ -4622,26 +4664,28 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     if (!gf_supported(type))
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet", gguf_type_name(type));
     int rows_in_turn = mode & GPU_TEST_ROWS;
-    mode &= ~GPU_TEST_ROWS;
+    size_t shift = mode & GPU_TEST_SHIFT2 ? 2 : mode & GPU_TEST_SHIFT8 ? 8 : 0;
+    mode &= ~(GPU_TEST_ROWS | GPU_TEST_SHIFT2 | GPU_TEST_SHIFT8);
     struct gpu_ctx c;
     memset(&c, 0, sizeof c);
     c.T = T;
     uint8_t *dw = NULL;
     float *dx = NULL, *dy = NULL, *db = NULL, *dxn = NULL;
     size_t nb = mode == GPU_TEST_NORM ? (size_t)n : (size_t)T * n;
-    int rc = gf_alloc((void **)&dw, ldw * rows, err, errlen) || gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) ||
-             gf_alloc((void **)&db, nb * 4, err, errlen) || gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
+    int rc = gf_alloc((void **)&dw, ldw * rows + shift, err, errlen) ||
+             gf_alloc((void **)&dx, (size_t)T * n * 4, err, errlen) || gf_alloc((void **)&db, nb * 4, err, errlen) ||
+             gf_alloc((void **)&dxn, (size_t)T * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)T * rows * 4, err, errlen) ||
              gf_act_alloc(&c, T, n, err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
-    if (!rc && (gpuMemcpy(dw, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
+    if (!rc && (gpuMemcpy(dw + shift, w, ldw * rows, gpuMemcpyHostToDevice) != gpuSuccess ||
                 gpuMemcpy(dx, x, (size_t)T * n * 4, gpuMemcpyHostToDevice) != gpuSuccess ||
                 (mode != GPU_TEST_PLAIN && gpuMemcpy(db, b, nb * 4, gpuMemcpyHostToDevice) != gpuSuccess) ||
                 gpuMemset(dy, 0xff, (size_t)T * rows * 4) != gpuSuccess))
         rc = strata_errf(err, errlen, "copy to the device failed");
     if (!rc) {
-        struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
+        struct gf_mat m = {dw + shift, type, n, rows, ldw, ldw * rows};
         struct gf_out o = {&m, dy, (size_t)rows, NULL};
         int am = mode == GPU_TEST_NORM ? GF_ACT_NORM : mode == GPU_TEST_SWIGLU ? GF_ACT_SWIGLU : GF_ACT_PLAIN;
         c.abt = rows_in_turn ? 0 : gf_act_bt(&o, 1, T);

@@ -169,9 +169,16 @@ static void tg_matvec_type(int type, int N, int ROWS)
         {TMAX, GPU_TEST_PLAIN, "x"},
         {TMAX, GPU_TEST_PLAIN | GPU_TEST_ROWS, "x, rows in turn"},
         {1, GPU_TEST_NORM, "norm"},
-        {1, GPU_TEST_SWIGLU, "swiglu"}};
+        {1, GPU_TEST_SWIGLU, "swiglu"},
+        {1, GPU_TEST_PLAIN | GPU_TEST_SHIFT8, "x, rows 8 bytes past 16-aligned"},
+        {1, GPU_TEST_PLAIN | GPU_TEST_SHIFT2, "x, rows 2 bytes past 16-aligned"}};
+    /* (the shifted rows: the staged kernel's Q4_1 and Q5_1, which load a
+     * block pair as their alignment allows; no upload leaves a matrix so) */
+    int shifts = type == QT_Q4_1 || type == QT_Q5_1;
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
-        int T = runs[k].T, mode = runs[k].mode & ~GPU_TEST_ROWS;
+        if (!shifts && runs[k].mode & (GPU_TEST_SHIFT2 | GPU_TEST_SHIFT8))
+            continue;
+        int T = runs[k].T, mode = runs[k].mode & (GPU_TEST_NORM | GPU_TEST_SWIGLU);
         char err[256];
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * N;
