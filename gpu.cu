@@ -74,8 +74,8 @@ static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
     const uint16_t *q = (const uint16_t *)p;
     return (int)((uint32_t)q[0] | (uint32_t)q[1] << 16);
 }
-/* N words at p in the widest loads its alignment allows: 16 bytes, 8, or
- * two of 2 (the stages keep a row's address mod 16) */
+/* N words at p (4-aligned) in the widest loads its alignment allows: 16
+ * bytes, 8 or 4 (the stages keep a row's address mod 16) */
 template <int N>
 static __device__ __forceinline__ void gf_ldw(uint32_t (&w)[N], const uint8_t *p)
 {
@@ -92,7 +92,7 @@ static __device__ __forceinline__ void gf_ldw(uint32_t (&w)[N], const uint8_t *p
         }
     else
         for (int i = 0; i < N; i++)
-            w[i] = (uint32_t)gf_ld32h(p + 4 * i);
+            w[i] = ((const uint32_t *)p)[i];
 }
 /* bits 0..3 of h to bit 4 of bytes 0..3 */
 static __device__ __forceinline__ int gf_bit4(uint32_t h)
@@ -1565,8 +1565,8 @@ struct gf_mvs_q4 {
     /* Q4_1 and Q5_1: the pair's 2·BB bytes (4-aligned blocks) in as few
      * loads as their alignment allows. A lane's pair is 40 or 48 bytes past
      * its neighbour's, 10 or 12 banks: 4-byte loads of Q5_1's conflict four
-     * ways; 8-byte ones of Q4_1's and 16-byte ones of Q5_1's not at all (a
-     * file whose tensors are less aligned takes 2-byte loads, gf_ldw). */
+     * ways; 8-byte ones of Q4_1's and 16-byte ones of Q5_1's not at all
+     * (rows less aligned than those take narrower loads, gf_ldw). */
     static __device__ float dot_min(const uint8_t *b, const int4 (&xa)[4], const float (&xd)[4], const int (&xs)[4])
     {
         enum { W = BB / 4 };   /* words a block */
@@ -4664,8 +4664,8 @@ int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const 
     if (!gf_supported(type))
         return strata_errf(err, errlen, "tensor type %s not supported on the GPU yet", gguf_type_name(type));
     int rows_in_turn = mode & GPU_TEST_ROWS;
-    size_t shift = mode & GPU_TEST_SHIFT2 ? 2 : mode & GPU_TEST_SHIFT8 ? 8 : 0;
-    mode &= ~(GPU_TEST_ROWS | GPU_TEST_SHIFT2 | GPU_TEST_SHIFT8);
+    size_t shift = mode & GPU_TEST_SHIFT4 ? 4 : mode & GPU_TEST_SHIFT8 ? 8 : 0;
+    mode &= ~(GPU_TEST_ROWS | GPU_TEST_SHIFT4 | GPU_TEST_SHIFT8);
     struct gpu_ctx c;
     memset(&c, 0, sizeof c);
     c.T = T;

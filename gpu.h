@@ -166,10 +166,10 @@ int gpu_test_sms(void);
  * n weights (NORM), silu(x)·b with b (T, n) (SWIGLU). Host buffers. With
  * GPU_TEST_ROWS added to the mode the batch kernel reads the activation
  * row after row, as it does beside a product of another type, rather than
- * in the layout the pass gives it alone. GPU_TEST_SHIFT2 / SHIFT8 place
- * the matrix 2 / 8 bytes past an aligned address (as no upload does: the
- * kernels' paths for less aligned rows). */
-enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU, GPU_TEST_ROWS = 8, GPU_TEST_SHIFT2 = 16, GPU_TEST_SHIFT8 = 32 };
+ * in the layout the pass gives it alone. GPU_TEST_SHIFT4 / SHIFT8 place
+ * the matrix 4 / 8 bytes past a 16-aligned address (as no upload does: a
+ * kernel's paths for less aligned rows). */
+enum { GPU_TEST_PLAIN, GPU_TEST_NORM, GPU_TEST_SWIGLU, GPU_TEST_ROWS = 8, GPU_TEST_SHIFT4 = 16, GPU_TEST_SHIFT8 = 32 };
 int gpu_test_matvec(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, int mode,
                     const float *b, float *y, char *err, size_t errlen);
 /* y (P, rows) = a prompt's experts as the pass runs them in gf_mvx_kernel:

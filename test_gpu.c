@@ -171,12 +171,13 @@ static void tg_matvec_type(int type, int N, int ROWS)
         {1, GPU_TEST_NORM, "norm"},
         {1, GPU_TEST_SWIGLU, "swiglu"},
         {1, GPU_TEST_PLAIN | GPU_TEST_SHIFT8, "x, rows 8 bytes past 16-aligned"},
-        {1, GPU_TEST_PLAIN | GPU_TEST_SHIFT2, "x, rows 2 bytes past 16-aligned"}};
-    /* (the shifted rows: the staged kernel's Q4_1 and Q5_1, which load a
-     * block pair as their alignment allows; no upload leaves a matrix so) */
-    int shifts = type == QT_Q4_1 || type == QT_Q5_1;
+        {1, GPU_TEST_PLAIN | GPU_TEST_SHIFT4, "x, rows 4 bytes past 16-aligned"}};
+    /* (the shifted rows: the staged kernel's Q4_1 and Q5_1 at widths of
+     * 256s, which load a block pair as its alignment allows; no upload
+     * leaves a matrix so) */
+    int shifts = (type == QT_Q4_1 || type == QT_Q5_1) && N % 256 == 0;
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
-        if (!shifts && runs[k].mode & (GPU_TEST_SHIFT2 | GPU_TEST_SHIFT8))
+        if (!shifts && runs[k].mode & (GPU_TEST_SHIFT4 | GPU_TEST_SHIFT8))
             continue;
         int T = runs[k].T, mode = runs[k].mode & (GPU_TEST_NORM | GPU_TEST_SWIGLU);
         char err[256];
