@@ -20,7 +20,8 @@
 # shape), mv (the products alone: Q4_K and F16 at 1..16 rows, Q6_K, Q8_0 and BF16 at one;
 # ncu-mv: Nsight Compute's counters of two of them), 8b-q4k, 8b-q4km (a Q4_K_M file's mix),
 # 8b-q8, 8b-q5km (a Q5_K_M file's), 8b-q4_0, 8b-f16, 8b-bf16, 30b-q4k, 30b-q4km, 30b-q8,
-# 32b-q4k, 32b-q4km (the Qwen3-32B shape, 18 GB at Q4_K), batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0),
+# 32b-q4k, 32b-q4km (the Qwen3-32B shape, 18 GB at Q4_K), batch (bench --batch 2..16 on the 8B shape at Q4_K, Q4_K_M and Q8_0,
+# or the synth types in BATCH_TYPES),
 # serve (strata serve --parallel N on the 8B Q4_K, N concurrent completions of 256 tokens by
 # curl, the wall time; SERVE_N, default "8 16"),
 # trace (the timeline of one decode step, 8B and 30B-A3B Q4_K at 512 cells, from DIR/strata-trace.gz:
@@ -73,9 +74,9 @@ bench_model() { # name shape type
     rm -f "$m"
 }
 
-batch() { # several sequences decoding together (bench --batch), the 8B shape at Q4_K, Q4_K_M and Q8_0, 512 cells
+batch() { # several sequences decoding together (bench --batch), the 8B shape at each of BATCH_TYPES, 512 cells
     local m=$T/batch.gguf
-    for type in q4_k q4_k_m q8_0; do
+    for type in ${BATCH_TYPES:-q4_k q4_k_m q8_0}; do
         $S synth --shape qwen3-8b --type $type -o "$m" >/dev/null || return
         echo "== batch: qwen3-8b $type, tg128 of B sequences together at 512 cells each"
         for b in 2 4 8 16; do

@@ -9,8 +9,9 @@
  * and a step of up to 16 sequences (gpu_eval_batch) as one pass, a graph for
  * each batch size. Products of more than 16 rows go to gpu_gemm.cu where it
  * takes the type, else to the matrix-vector kernels over batches of tokens
- * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_K, Q6_K and Q8_0
- * to tensor cores (gf_mvq_kernel), F16 and BF16 too (gf_mvh_kernel); of one
+ * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
+ * (gf_mvq_kernel), F16 and BF16 too (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
  * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
@@ -1875,13 +1876,14 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
         gf_mvs_run<F, UL, NORM, false, GF_MVK_SUB>(p2, blockIdx.x - nb1, gridDim.x - nb1);
 }
 
-/* ==== the batched Q4_K, Q6_K and Q8_0 kernel: tensor cores (CUDA sm_80+) ====
+/* ==== the batched kernel of the 4-, 5-, 6- and 8-bit formats: tensor cores (CUDA sm_80+) ====
  * A step of several sequences (gpu_eval_batch) multiplies each matrix by
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
  * again for each weight unit, from L1, and each row cost about as much as a
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
- * Q4_K superblock, four Q8_0 blocks, half a Q6_K superblock), a sub-block
+ * Q4_K or Q5_K superblock, four Q8_0 or Q4_0..Q5_1 blocks, half a Q6_K
+ * superblock), a sub-block
  * of 32 columns a step (Q6_K: 16, a scale's, m16n8k16), against 8 tokens'
  * int8 activation as B, so an activation byte serves 16 rows from a
  * register. Within a sub-block
@@ -1905,6 +1907,25 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
 #define GF_MVQ_WARPS 8
 
 #ifdef GPU_CUDA
+/* N words at p, whose address is 2 mod 4 where mis (a constant where the
+ * caller knows the alignment), else 4-aligned: streamed loads of the
+ * aligned words around them, cut by funnel shifts where 2-aligned */
+template <int N>
+static __device__ __forceinline__ void gf_ldu(uint32_t (&w)[N], const uint8_t *p, bool mis)
+{
+    if (!mis) {
+        for (int i = 0; i < N; i++)
+            w[i] = __ldcs((const uint32_t *)p + i);
+    } else {
+        const uint32_t *a = (const uint32_t *)(p - 2);
+        uint32_t t[N + 1];
+        for (int i = 0; i <= N; i++)
+            t[i] = __ldcs(a + i);
+        for (int i = 0; i < N; i++)
+            w[i] = __funnelshift_r(t[i], t[i + 1], 16);
+    }
+}
+
 /* The weight formats gf_mvq_kernel takes: unit u of a row (COLS columns,
  * G groups of GK), the lane's share (c = lane % 4) loaded by fetch (a Q8_0
  * or Q6_K unit holds about as many registers as a Q4_K one); sub(k) gives
@@ -1998,10 +2019,103 @@ struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a sca
     }
 };
 
+struct gf_mvq_q5_K {   /* Q4_K's unit, and each pair's fifth bits (bit k of qh byte l: sub-block k) */
+    enum { COLS = 256, GK = 32, G = 8, MIN = 1 };
+    int4 h;
+    int2 qh, q[4];
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)u * 176;
+        h = gf_ld_stream((const int4 *)b);
+        qh = __ldcs((const int2 *)(b + 16 + 8 * c));
+#pragma unroll
+        for (int pr = 0; pr < 4; pr++)
+            q[pr] = __ldcs((const int2 *)(b + 48 + 32 * pr + 8 * c));
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        int pr = k / 2, sh = 4 * (k % 2);
+        uint32_t sc, mn;
+        gf_q4k_scales(h, pr, &sc, &mn);
+        *lo = (((uint32_t)q[pr].x >> sh) & 0x0f0f0f0f) | (((uint32_t)qh.x >> k) & 0x01010101) << 4;
+        *hi = (((uint32_t)q[pr].y >> sh) & 0x0f0f0f0f) | (((uint32_t)qh.y >> k) & 0x01010101) << 4;
+        *ds = gf_h2f((uint16_t)((uint32_t)h.x & 0xffff)) * (float)((sc >> (2 * sh)) & 0xff);
+        *ms = gf_h2f((uint16_t)((uint32_t)h.x >> 16)) * (float)((mn >> (2 * sh)) & 0xff);
+    }
+};
+
+/* Q4_0, Q5_0, Q4_1, Q5_1 and IQ4_NL: four blocks of BB bytes (an 8-aligned
+ * unit), each its f16 scale (MN: and min) at 0, its fifth bits at HO (0:
+ * none), its 16 bytes of codes last (column l the low nibble of byte l,
+ * 16 + l the high one). Lane c's columns 8c..8c+7 are the low (c < 2) or
+ * high nibbles of bytes 8(c % 2)..+7 with bits 8c..8c+7 of the fifth bits,
+ * codes through the IQ4 grid where NL. The offset of 8 or 16 comes out as a
+ * min of 8 or 16 times the scale against the activation's sum of codes. */
+template <int BB, int HO, bool MN, bool NL>
+struct gf_mvq_q4 {
+    enum { COLS = 128, GK = 32, G = 4, MIN = !NL };
+    uint32_t q[G][2], dm[G];   /* a block's codes, and its scale's (and min's) f16 bits */
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)u * 4 * BB;
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            const uint8_t *bk = b + BB * k;
+            uint32_t w[2], m[1];
+            gf_ldu(m, bk, BB * k % 4);
+            dm[k] = m[0];
+            gf_ldu(w, bk + BB - 16 + 8 * (c % 2), (BB * k + BB) % 4);
+            uint32_t hb = 0;
+            if (HO) {
+                gf_ldu(m, bk + HO, (BB * k + HO) % 4);
+                hb = m[0] >> (8 * c);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint32_t v = (w[i] >> (4 * (c / 2))) & 0x0f0f0f0f;
+                v |= (uint32_t)gf_bit4(hb >> (4 * i));
+                q[k][i] = NL ? (uint32_t)gf_iq4_vals(v) : v;
+            }
+        }
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        float d = gf_h2f((uint16_t)(dm[k] & 0xffff));
+        *lo = q[k][0], *hi = q[k][1], *ds = d;
+        *ms = NL ? 0.0f : MN ? -gf_h2f((uint16_t)(dm[k] >> 16)) : HO ? 16.0f * d : 8.0f * d;
+    }
+};
+
+struct gf_mvq_iq4_xs {   /* half a superblock: sub-blocks 4h..4h+3, each IQ4_NL's codes and a 6-bit scale */
+    enum { COLS = 128, GK = 32, G = 4, MIN = 0 };
+    uint32_t q[G][2], hd, sl;   /* the codes; d and the high scale bits; the half's low scale nibbles */
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)(u / 2) * 136;
+        int h = u % 2;
+        uint32_t w = __ldcs((const uint32_t *)b);   /* d, then scales_h: 2 bits a sub-block, a byte a half */
+        hd = (w & 0xffff) | ((w >> (8 * h)) & 0xffff0000);
+        sl = __ldcs((const uint16_t *)(b + 4) + h);
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            uint2 w = __ldcs((const uint2 *)(b + 8 + 16 * (4 * h + k) + 8 * (c % 2)));
+            q[k][0] = (uint32_t)gf_iq4_vals((w.x >> (4 * (c / 2))) & 0x0f0f0f0f);
+            q[k][1] = (uint32_t)gf_iq4_vals((w.y >> (4 * (c / 2))) & 0x0f0f0f0f);
+        }
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        int ls = (int)((sl >> (4 * k)) & 15) | (int)((hd >> (16 + 2 * k)) & 3) << 4;
+        *lo = q[k][0], *hi = q[k][1], *ms = 0.0f;
+        *ds = gf_h2f((uint16_t)(hd & 0xffff)) * (float)(ls - 32);
+    }
+};
+
 /* the format of a unit struct above (only those gf_mvq_takes reach the kernel) */
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
+template <> struct gf_mvq_of<gf_q5_K> { typedef gf_mvq_q5_K F; };
 template <> struct gf_mvq_of<gf_q6_K> { typedef gf_mvq_q6_K F; };
+template <> struct gf_mvq_of<gf_q4_0> { typedef gf_mvq_q4<18, 0, false, false> F; };
+template <> struct gf_mvq_of<gf_q5_0> { typedef gf_mvq_q4<22, 2, false, false> F; };
+template <> struct gf_mvq_of<gf_q4_1> { typedef gf_mvq_q4<20, 0, true, false> F; };
+template <> struct gf_mvq_of<gf_q5_1> { typedef gf_mvq_q4<24, 4, true, false> F; };
+template <> struct gf_mvq_of<gf_iq4_nl> { typedef gf_mvq_q4<18, 0, false, true> F; };
+template <> struct gf_mvq_of<gf_iq4_xs> { typedef gf_mvq_iq4_xs F; };
 
 /* lane's two rows (w: their starts), unit sb */
 template <class F>
@@ -3569,7 +3683,13 @@ static int gf_mma_ok(void)
  * the device the tensor cores they need) */
 static int gf_mvq_units(int type, int n)
 {
-    return (type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && n % 256 == 0 && gf_mma_ok();
+    switch (type) {
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0:
+    case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_NL: case QT_IQ4_XS:
+        return n % 256 == 0 && gf_mma_ok();
+    default:
+        return 0;
+    }
 }
 
 /* whether gf_mvq_kernel (F16 and BF16: gf_mvh_kernel) takes T rows against
@@ -3730,7 +3850,7 @@ static int gf_matmul_n(struct gpu_ctx *c, const struct gf_out *o, int n_out, con
         gf_mv &p = ps[np];
         memset(&p, 0, sizeof p);
         const struct gf_mat *w = o[i].w;
-        /* 2..GF_DECODE_T rows (a batch step, a short prompt): Q4_K, Q6_K and Q8_0 on tensor
+        /* 2..GF_DECODE_T rows (a batch step, a short prompt): gf_mvq_units' formats on tensor
          * cores; else as one-row groups of the decode kernels where those beat
          * gf_mv_kernel's 8-row blocks on the H200 (BENCH.md: Q4_K's gf_mvk up
          * to 16 rows, 1.4-1.8x; the staged kernel at 2 rows, 1.3x, but not at
@@ -3851,12 +3971,18 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     int X = c->g->hp.n_expert, avg = (n + X - 1) / X;
     dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
     const int32_t *offs = c->offs;
-    if (w[0]->type == QT_Q4_K)
-        gf_mvx_launch<gf_mvq_q4_K>(p, grid, avg, offs, c->stream);
-    else if (w[0]->type == QT_Q6_K)
-        gf_mvx_launch<gf_mvq_q6_K>(p, grid, avg, offs, c->stream);
-    else
-        gf_mvx_launch<gf_mvq_q8_0>(p, grid, avg, offs, c->stream);
+    switch (w[0]->type) {   /* (gf_mvx_takes: one of gf_mvq_units' types) */
+    case QT_Q4_0: gf_mvx_launch<gf_mvq_of<gf_q4_0>::F>(p, grid, avg, offs, c->stream); break;
+    case QT_Q4_1: gf_mvx_launch<gf_mvq_of<gf_q4_1>::F>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_0: gf_mvx_launch<gf_mvq_of<gf_q5_0>::F>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_1: gf_mvx_launch<gf_mvq_of<gf_q5_1>::F>(p, grid, avg, offs, c->stream); break;
+    case QT_Q4_K: gf_mvx_launch<gf_mvq_q4_K>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_K: gf_mvx_launch<gf_mvq_q5_K>(p, grid, avg, offs, c->stream); break;
+    case QT_Q6_K: gf_mvx_launch<gf_mvq_q6_K>(p, grid, avg, offs, c->stream); break;
+    case QT_IQ4_NL: gf_mvx_launch<gf_mvq_of<gf_iq4_nl>::F>(p, grid, avg, offs, c->stream); break;
+    case QT_IQ4_XS: gf_mvx_launch<gf_mvq_iq4_xs>(p, grid, avg, offs, c->stream); break;
+    default: gf_mvx_launch<gf_mvq_q8_0>(p, grid, avg, offs, c->stream); break;
+    }
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 #else

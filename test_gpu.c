@@ -40,6 +40,18 @@ struct tg_err {
  * times Σ|w| per block, plus 1e-5·Σ|w·x| for f32 summation. quant.c's dot
  * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
  * otherwise) is held to the sum of both bounds. */
+/* the formats with gf_mvq_kernel's and gf_mvx_kernel's units (a batch
+ * step's and a prompt's experts' products on tensor cores, widths of 256s) */
+static int tg_mma_type(int type)
+{
+    static const int t[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_Q4_K,
+                            QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (t[i] == type)
+            return 1;
+    return 0;
+}
+
 static void tg_check_dot(const struct quant_type *qt, int type, const uint8_t *wq, const float *wr, const float *xt,
                          const void *aq, int N, float g, struct tg_err *e)
 {
@@ -160,9 +172,9 @@ static void tg_matvec_type(int type, int N, int ROWS)
         gw[i] = 0.5f + test_randf(&seed) * 0.5f;
     for (int i = 0; i < N * TMAX; i++)
         u[i] = test_randf(&seed);
-    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for Q4_K and
-     * Q8_0 at widths of 256s, in both layouts of the activation; one-row
-     * groups or 8-row blocks for the others) */
+    /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for the
+     * formats of tg_mma_type at widths of 256s, in both layouts of the
+     * activation; one-row groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
         {1, GPU_TEST_PLAIN, "x"},
         {2, GPU_TEST_PLAIN, "x"},
@@ -206,10 +218,10 @@ static void tg_matvec_type(int type, int N, int ROWS)
         }
         tg_err_report(qt, N, T, runs[k].what, &e);
     }
-    /* a prompt's experts on tensor cores (Q4_K, Q6_K, Q8_0 at widths of
-     * 256s): an expert without rows, one tile, two; 32-row tiles (experts
-     * of 14 rows on average), then 16-row ones (4) */
-    if ((type == QT_Q4_K || type == QT_Q6_K || type == QT_Q8_0) && N % 256 == 0) {
+    /* a prompt's experts on tensor cores (tg_mma_type's formats at widths
+     * of 256s): an expert without rows, one tile, two; 32-row tiles
+     * (experts of 14 rows on average), then 16-row ones (4) */
+    if (tg_mma_type(type) && N % 256 == 0) {
         static const int32_t offs3[] = {0, 0, 5, 40}, offs6[] = {0, 0, 3, 3, 20, 21, 24};
         float *xe = malloc(sizeof(float) * N * 40);
         for (int i = 0; i < N * 40; i++)
