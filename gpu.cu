@@ -1930,11 +1930,12 @@ static __device__ __forceinline__ void gf_ldu(uint32_t (&w)[N], const uint8_t *p
  * G groups of GK), the lane's share (c = lane % 4) loaded by fetch (a Q8_0
  * or Q6_K unit holds about as many registers as a Q4_K one); sub(k) gives
  * group k's codes, as int8, at columns 8c..8c+3 (lo) and 8c+4..8c+7 (hi)
- * of a group of 32, or 4c..4c+3 (lo) of a group of 16, its scale and
- * (MIN) its min, both multiplied out. A group is one mma (k = GK) and lies
+ * of a group of 32 (SPLIT: 4c..4c+3 and 16 + 4c..+3, a word of nibbles),
+ * or 4c..4c+3 (lo) of a group of 16, its scale and (MIN) its min, both
+ * multiplied out. A group is one mma (k = GK) and lies
  * in one block of 32 of the activation. */
 struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each pair */
-    enum { COLS = 256, GK = 32, G = 8, MIN = 1 };
+    enum { COLS = 256, GK = 32, G = 8, MIN = 1, SPLIT = 0 };
     int4 h;
     int2 q[4];
     __device__ void fetch(const uint8_t *row, int u, int c) {
@@ -1956,7 +1957,7 @@ struct gf_mvq_q4_K {   /* one superblock: the header, and 8 code bytes of each p
 };
 
 struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of its codes */
-    enum { COLS = 128, GK = 32, G = 4, MIN = 0 };
+    enum { COLS = 128, GK = 32, G = 4, MIN = 0, SPLIT = 0 };
     uint32_t w[G][2];
     float d[G];
     __device__ void fetch(const uint8_t *row, int u, int c) {
@@ -1983,7 +1984,7 @@ struct gf_mvq_q8_0 {   /* four blocks of 34 bytes: each one's scale, and 8 of it
 };
 
 struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a scale each */
-    enum { COLS = 128, GK = 16, G = 8, MIN = 0 };
+    enum { COLS = 128, GK = 16, G = 8, MIN = 0, SPLIT = 0 };
     uint32_t ql[2][2], qh[2], sc[2];
     float d;
     /* 4 bytes at a 2-aligned address (blocks of 210 bytes): from the two
@@ -2020,7 +2021,7 @@ struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a sca
 };
 
 struct gf_mvq_q5_K {   /* Q4_K's unit, and each pair's fifth bits (bit k of qh byte l: sub-block k) */
-    enum { COLS = 256, GK = 32, G = 8, MIN = 1 };
+    enum { COLS = 256, GK = 32, G = 8, MIN = 1, SPLIT = 0 };
     int4 h;
     int2 qh, q[4];
     __device__ void fetch(const uint8_t *row, int u, int c) {
@@ -2045,34 +2046,28 @@ struct gf_mvq_q5_K {   /* Q4_K's unit, and each pair's fifth bits (bit k of qh b
 /* Q4_0, Q5_0, Q4_1, Q5_1 and IQ4_NL: four blocks of BB bytes (an 8-aligned
  * unit), each its f16 scale (MN: and min) at 0, its fifth bits at HO (0:
  * none), its 16 bytes of codes last (column l the low nibble of byte l,
- * 16 + l the high one). Lane c's columns 8c..8c+7 are the low (c < 2) or
- * high nibbles of bytes 8(c % 2)..+7 with bits 8c..8c+7 of the fifth bits,
+ * 16 + l the high one). Lane c takes the columns of one word of codes
+ * (SPLIT): 4c..4c+3 (lo) and 16 + 4c..+3 (hi), each with its fifth bit, the
  * codes through the IQ4 grid where NL. The offset of 8 or 16 comes out as a
  * min of 8 or 16 times the scale against the activation's sum of codes. */
 template <int BB, int HO, bool MN, bool NL>
 struct gf_mvq_q4 {
-    enum { COLS = 128, GK = 32, G = 4, MIN = !NL };
+    enum { COLS = 128, GK = 32, G = 4, MIN = !NL, SPLIT = 1 };
     uint32_t q[G][2], dm[G];   /* a block's codes, and its scale's (and min's) f16 bits */
     __device__ void fetch(const uint8_t *row, int u, int c) {
         const uint8_t *b = row + (size_t)u * 4 * BB;
 #pragma unroll
         for (int k = 0; k < G; k++) {
             const uint8_t *bk = b + BB * k;
-            uint32_t w[2], m[1];
-            gf_ldu(m, bk, BB * k % 4);
-            dm[k] = m[0];
-            gf_ldu(w, bk + BB - 16 + 8 * (c % 2), (BB * k + BB) % 4);
-            uint32_t hb = 0;
-            if (HO) {
-                gf_ldu(m, bk + HO, (BB * k + HO) % 4);
-                hb = m[0] >> (8 * c);
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                uint32_t v = (w[i] >> (4 * (c / 2))) & 0x0f0f0f0f;
-                v |= (uint32_t)gf_bit4(hb >> (4 * i));
-                q[k][i] = NL ? (uint32_t)gf_iq4_vals(v) : v;
-            }
+            uint32_t w[1], h[1] = {0};
+            dm[k] = MN ? __ldcs((const uint32_t *)bk) : __ldcs((const uint16_t *)bk);
+            gf_ldu(w, bk + BB - 16 + 4 * c, (BB * k + BB) % 4);
+            if (HO)
+                gf_ldu(h, bk + HO, (BB * k + HO) % 4);
+            uint32_t lo = (w[0] & 0x0f0f0f0f) | (uint32_t)gf_bit4(h[0] >> (4 * c));
+            uint32_t hi = ((w[0] >> 4) & 0x0f0f0f0f) | (uint32_t)gf_bit4(h[0] >> (16 + 4 * c));
+            q[k][0] = NL ? (uint32_t)gf_iq4_vals(lo) : lo;
+            q[k][1] = NL ? (uint32_t)gf_iq4_vals(hi) : hi;
         }
     }
     __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
@@ -2083,7 +2078,7 @@ struct gf_mvq_q4 {
 };
 
 struct gf_mvq_iq4_xs {   /* half a superblock: sub-blocks 4h..4h+3, each IQ4_NL's codes and a 6-bit scale */
-    enum { COLS = 128, GK = 32, G = 4, MIN = 0 };
+    enum { COLS = 128, GK = 32, G = 4, MIN = 0, SPLIT = 0 };
     uint32_t q[G][2], hd, sl;   /* the codes; d and the high scale bits; the half's low scale nibbles */
     __device__ void fetch(const uint8_t *row, int u, int c) {
         const uint8_t *b = row + (size_t)(u / 2) * 136;
@@ -2128,7 +2123,8 @@ static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2]
 
 /* The lane's view of the activation for gf_mvq_unit: group b (tokens 8b
  * .. 8b + 7 of the tile) of activation block s, its B operand (token 8b +
- * gq, the lane's 8 bytes of a group of 32, or its 4 at o of one of 16)
+ * gq, the lane's 8 bytes of a group of 32 (SPLIT: 4 at 4c and 4 at 16 +
+ * 4c), or its 4 at o of one of 16)
  * and the scales of C's tokens 8b + 2c and + 1. Pointers formed once a
  * tile (block s of row t: t·ts + s·ss blocks on), no bounds: the tokens
  * past the tile's T read other rows of the buffer (gf_act_alloc's slack of
@@ -2142,9 +2138,9 @@ struct gf_act_src {
     size_t qs;           /* a block's stride, bytes */
     int ds;              /* ... in gf_ads */
     int qt, dt;          /* a group's stride (8 tokens), bytes and gf_ads */
-    __device__ gf_act_src(const gf_mv &p, int a, int ts, int ss, int gk, int gq, int c)
+    __device__ gf_act_src(const gf_mv &p, int a, int ts, int ss, int lb, int gq, int c)   /* lb: B bytes a lane */
     {
-        q = p.aq + (size_t)GF_AB * ((size_t)(a + gq) * ts) + (gk == 32 ? 8 : 4) * c;
+        q = p.aq + (size_t)GF_AB * ((size_t)(a + gq) * ts) + lb * c;
         d = p.ads + (size_t)(a + 2 * c) * ts;
         qs = (size_t)GF_AB * ss, ds = ss, qt = GF_AB * 8 * ts, dt = 8 * ts;
     }
@@ -2171,7 +2167,8 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_act_src &src, const 
             gf_ads x0 = dk[b * src.dt], x1 = dk[b * src.dt + ts];
             int dot[4];
             if constexpr (F::GK == 32) {
-                int2 x = *(const int2 *)(qk + b * src.qt);
+                int2 x = F::SPLIT ? make_int2(*(const int *)(qk + b * src.qt), *(const int *)(qk + b * src.qt + 16))
+                                  : *(const int2 *)(qk + b * src.qt);
                 asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                              "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
                              : "=r"(dot[0]), "=r"(dot[1]), "=r"(dot[2]), "=r"(dot[3])
@@ -2252,7 +2249,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
      * layout of the rows side by side, else rows in turn), the layout a
      * compile-time choice so that each form's offsets stay multiply-adds */
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
-    const gf_act_src src(p, 0, ts, ss, F::GK, gq, c);
+    const gf_act_src src(p, 0, ts, ss, F::GK == 32 && !F::SPLIT ? 8 : 4, gq, c);
     /* the next unit's loads before this one's arithmetic; the last round
      * apart, so that no branch sits around a fetch (ptxas: ~25 registers
      * more with one) and no unit is fetched twice */
@@ -2385,7 +2382,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         return;
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
         int tt = min(m - t0, 8 * NB);   /* the tile's rows */
-        const gf_act_src src(p, a0 + t0, 1, p.bt, F::GK, gq, c);
+        const gf_act_src src(p, a0 + t0, 1, p.bt, F::GK == 32 && !F::SPLIT ? 8 : 4, gq, c);
         float acc[NB][4] = {};
         /* the next unit's loads, unit 0 after the last (the next tile's,
          * or one unused fetch: no branch around the loads) */
