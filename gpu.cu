@@ -2088,9 +2088,9 @@ struct gf_mvq_iq4_xs {   /* half a superblock: sub-blocks 4h..4h+3, each IQ4_NL'
         sl = __ldcs((const uint16_t *)(b + 4) + h);
 #pragma unroll
         for (int k = 0; k < G; k++) {
-            uint2 w = __ldcs((const uint2 *)(b + 8 + 16 * (4 * h + k) + 8 * (c % 2)));
-            q[k][0] = (uint32_t)gf_iq4_vals((w.x >> (4 * (c / 2))) & 0x0f0f0f0f);
-            q[k][1] = (uint32_t)gf_iq4_vals((w.y >> (4 * (c / 2))) & 0x0f0f0f0f);
+            uint2 v = __ldcs((const uint2 *)(b + 8 + 16 * (4 * h + k) + 8 * (c % 2)));
+            q[k][0] = (uint32_t)gf_iq4_vals((v.x >> (4 * (c / 2))) & 0x0f0f0f0f);
+            q[k][1] = (uint32_t)gf_iq4_vals((v.y >> (4 * (c / 2))) & 0x0f0f0f0f);
         }
     }
     __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {

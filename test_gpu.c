@@ -30,16 +30,6 @@ struct tg_err {
     int n, bad, nonfinite;
 };
 
-/* Output g of weight row wq (type, dequantised wr) against activation xt
- * (N wide; aq: xt in quant.c's activation type for qt->dot), into e: the
- * FP64 dot of the dequantised weights with the f32 activation (x, or
- * RMSNorm(x)·gw or silu(x)·u as the pass forms them; float weights: or
- * with aq's). The GPU quantises the activation per 32 values with
- * d = amax/127 stored as f16, so an element
- * moves by at most d/2 + 127·d·2^-11 < 0.57·amax/127; the bound is that
- * times Σ|w| per block, plus 1e-5·Σ|w·x| for f32 summation. quant.c's dot
- * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
- * otherwise) is held to the sum of both bounds. */
 /* the formats with gf_mvq_kernel's and gf_mvx_kernel's units (a batch
  * step's and a prompt's experts' products on tensor cores, widths of 256s) */
 static int tg_mma_type(int type)
@@ -52,6 +42,16 @@ static int tg_mma_type(int type)
     return 0;
 }
 
+/* Output g of weight row wq (type, dequantised wr) against activation xt
+ * (N wide; aq: xt in quant.c's activation type for qt->dot), into e: the
+ * FP64 dot of the dequantised weights with the f32 activation (x, or
+ * RMSNorm(x)·gw or silu(x)·u as the pass forms them; float weights: or
+ * with aq's). The GPU quantises the activation per 32 values with
+ * d = amax/127 stored as f16, so an element
+ * moves by at most d/2 + 127·d·2^-11 < 0.57·amax/127; the bound is that
+ * times Σ|w| per block, plus 1e-5·Σ|w·x| for f32 summation. quant.c's dot
+ * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
+ * otherwise) is held to the sum of both bounds. */
 static void tg_check_dot(const struct quant_type *qt, int type, const uint8_t *wq, const float *wr, const float *xt,
                          const void *aq, int N, float g, struct tg_err *e)
 {
