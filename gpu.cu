@@ -2146,6 +2146,10 @@ struct gf_act_src {
     }
 };
 
+/* a lane's B bytes of a group in format F's units (gf_act_src's lb) */
+template <class F>
+static constexpr __host__ __device__ int gf_lane_b(void) { return F::GK == 32 && !F::SPLIT ? 8 : 4; }
+
 /* unit sb's products of the lane's rows (f) and tokens into acc, the
  * activation as src sees it */
 template <class F, int NB>
@@ -2249,7 +2253,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
      * layout of the rows side by side, else rows in turn), the layout a
      * compile-time choice so that each form's offsets stay multiply-adds */
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
-    const gf_act_src src(p, 0, ts, ss, F::GK == 32 && !F::SPLIT ? 8 : 4, gq, c);
+    const gf_act_src src(p, 0, ts, ss, gf_lane_b<F>(), gq, c);
     /* the next unit's loads before this one's arithmetic; the last round
      * apart, so that no branch sits around a fetch (ptxas: ~25 registers
      * more with one) and no unit is fetched twice */
@@ -2382,7 +2386,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
         return;
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
         int tt = min(m - t0, 8 * NB);   /* the tile's rows */
-        const gf_act_src src(p, a0 + t0, 1, p.bt, F::GK == 32 && !F::SPLIT ? 8 : 4, gq, c);
+        const gf_act_src src(p, a0 + t0, 1, p.bt, gf_lane_b<F>(), gq, c);
         float acc[NB][4] = {};
         /* the next unit's loads, unit 0 after the last (the next tile's,
          * or one unused fetch: no branch around the loads) */
@@ -3925,9 +3929,10 @@ static int gf_matmul_experts(struct gpu_ctx *c, const struct gf_mat *const *w, f
 /* gf_mvx_kernel's token tiles for an average of avg rows an expert: 8·NB
  * rows, 16 where most experts have fewer, else 32 (64 held more registers
  * than a thread has, 255, and spilled) */
-template <class F>
+template <class Q>   /* (Q: the decode format; gf_mvq_of its units) */
 static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *offs, gpuStream_t s)
 {
+    typedef typename gf_mvq_of<Q>::F F;
     int threads = GF_MVX_WARPS * GPU_WARP;
     if (avg <= 8)
         gf_launch(gf_mvx_kernel<F, 2>, grid, threads, 0, s, p, offs);
@@ -3978,16 +3983,16 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
     const int32_t *offs = c->offs;
     switch (w[0]->type) {   /* (gf_mvx_takes: one of gf_mvq_units' types) */
-    case QT_Q4_0: gf_mvx_launch<gf_mvq_of<gf_q4_0>::F>(p, grid, avg, offs, c->stream); break;
-    case QT_Q4_1: gf_mvx_launch<gf_mvq_of<gf_q4_1>::F>(p, grid, avg, offs, c->stream); break;
-    case QT_Q5_0: gf_mvx_launch<gf_mvq_of<gf_q5_0>::F>(p, grid, avg, offs, c->stream); break;
-    case QT_Q5_1: gf_mvx_launch<gf_mvq_of<gf_q5_1>::F>(p, grid, avg, offs, c->stream); break;
-    case QT_Q4_K: gf_mvx_launch<gf_mvq_q4_K>(p, grid, avg, offs, c->stream); break;
-    case QT_Q5_K: gf_mvx_launch<gf_mvq_q5_K>(p, grid, avg, offs, c->stream); break;
-    case QT_Q6_K: gf_mvx_launch<gf_mvq_q6_K>(p, grid, avg, offs, c->stream); break;
-    case QT_IQ4_NL: gf_mvx_launch<gf_mvq_of<gf_iq4_nl>::F>(p, grid, avg, offs, c->stream); break;
-    case QT_IQ4_XS: gf_mvx_launch<gf_mvq_iq4_xs>(p, grid, avg, offs, c->stream); break;
-    default: gf_mvx_launch<gf_mvq_q8_0>(p, grid, avg, offs, c->stream); break;
+    case QT_Q4_0: gf_mvx_launch<gf_q4_0>(p, grid, avg, offs, c->stream); break;
+    case QT_Q4_1: gf_mvx_launch<gf_q4_1>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_0: gf_mvx_launch<gf_q5_0>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_1: gf_mvx_launch<gf_q5_1>(p, grid, avg, offs, c->stream); break;
+    case QT_Q4_K: gf_mvx_launch<gf_q4_K>(p, grid, avg, offs, c->stream); break;
+    case QT_Q5_K: gf_mvx_launch<gf_q5_K>(p, grid, avg, offs, c->stream); break;
+    case QT_Q6_K: gf_mvx_launch<gf_q6_K>(p, grid, avg, offs, c->stream); break;
+    case QT_IQ4_NL: gf_mvx_launch<gf_iq4_nl>(p, grid, avg, offs, c->stream); break;
+    case QT_IQ4_XS: gf_mvx_launch<gf_iq4_xs>(p, grid, avg, offs, c->stream); break;
+    default: gf_mvx_launch<gf_q8_0>(p, grid, avg, offs, c->stream); break;
     }
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
