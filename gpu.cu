@@ -2112,6 +2112,58 @@ template <> struct gf_mvq_of<gf_q5_1> { typedef gf_mvq_q4<24, 4, true, false> F;
 template <> struct gf_mvq_of<gf_iq4_nl> { typedef gf_mvq_q4<18, 0, false, true> F; };
 template <> struct gf_mvq_of<gf_iq4_xs> { typedef gf_mvq_iq4_xs F; };
 
+/* A staged batch format (gf_mvqs_kernel): Q4_0, Q5_0, Q4_1, Q5_1 and
+ * IQ4_NL as gf_mvq_q4's groups, a unit of eight blocks (UB bytes a row,
+ * 16-aligned), read from the warp's stage rather than from global memory
+ * a row at a time: their 2-4 loads a block a row each reached the warp's
+ * 8 rows' lines (~8 L1 wavefronts an instruction), where a stage takes a
+ * unit's rows in 16-byte loads and each lane's reads are one wavefront
+ * (BENCH.md, forty-second pass). sub reads group k of the row whose unit
+ * lies at s. */
+template <int BB, int HO, bool MN, bool NL>
+struct gf_mvqs_q4 {
+    enum { COLS = 256, GK = 32, G = 8, MIN = !NL, SPLIT = 1, UB = 8 * BB };
+    /* 4 bytes o past p (4-aligned; o a constant): a word, or two halves where o is 2 mod 4 */
+    static __device__ uint32_t ld(const uint8_t *p, int o) { return o % 4 ? (uint32_t)gf_ld32h(p + o) : *(const uint32_t *)(p + o); }
+    static __device__ void sub(const uint8_t *s, int k, int c, uint32_t *lo, uint32_t *hi, float *ds, float *ms) {
+        float d = gf_h2f(gf_ld16(s + BB * k));
+        uint32_t w = ld(s + 4 * c, BB * k + BB - 16), h = HO ? ld(s, BB * k + HO) : 0;
+        uint32_t l = (w & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (4 * c));
+        uint32_t u = ((w >> 4) & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (16 + 4 * c));
+        *lo = NL ? (uint32_t)gf_iq4_vals(l) : l;
+        *hi = NL ? (uint32_t)gf_iq4_vals(u) : u;
+        *ds = d;
+        *ms = NL ? 0.0f : MN ? -gf_h2f(gf_ld16(s + BB * k + 2)) : HO ? 16.0f * d : 8.0f * d;
+    }
+};
+
+/* a staged format's row for gf_mvq_unit: its unit at s in the stage, lane c */
+template <class S>
+struct gf_mvq_at : S {
+    const uint8_t *s;
+    int c;
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const { S::sub(s, k, c, lo, hi, ds, ms); }
+};
+
+/* each batch format's staged form (OK: gf_mvqs_kernel takes it) */
+template <class Q> struct gf_mvqs_of { enum { OK = 0 }; typedef gf_mvqs_q4<18, 0, false, false> S; };
+template <> struct gf_mvqs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvqs_q4<18, 0, false, false> S; };
+template <> struct gf_mvqs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvqs_q4<22, 2, false, false> S; };
+template <> struct gf_mvqs_of<gf_q4_1> { enum { OK = 1 }; typedef gf_mvqs_q4<20, 0, true, false> S; };
+template <> struct gf_mvqs_of<gf_q5_1> { enum { OK = 1 }; typedef gf_mvqs_q4<24, 4, true, false> S; };
+template <> struct gf_mvqs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvqs_q4<18, 0, false, true> S; };
+
+/* a stage's row stride for units of ub bytes: 16-aligned, and an odd
+ * multiple of 4 words mod 32, so that a word of each of 8 rows (c: 0..3
+ * words on) lies on 32 distinct banks */
+static constexpr __host__ __device__ int gf_stage_stride(int ub)
+{
+    int s = (ub + 15) / 16 * 16;
+    while (s / 4 % 8 != 4)
+        s += 16;
+    return s;
+}
+
 /* lane's two rows (w: their starts), unit sb */
 template <class F>
 static __device__ __forceinline__ void gf_mvq_fetch(const uint8_t *const (&w)[2], int sb, int c, F (&f)[2])
@@ -2265,6 +2317,62 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     }
     if (sb < nsb)
         gf_mvq_unit<F, NB>(src, f, sb, ts, acc);
+    gf_tile_put<W, NB>(p, acc, r0, T);
+#endif
+}
+
+/* gf_mvq_kernel for a staged format S: each warp's unit of the tile's 16
+ * rows comes in as 16-byte loads spread over the lanes (the next unit's in
+ * flight during this one's arithmetic, the first before the wait), goes to
+ * the warp's stage, and the lanes take their groups from there */
+template <class S, int NB, int BT>
+__global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_mvqs_kernel(gf_mv p)
+{
+    GPU_TRACE(GT_MVQ);
+#if __CUDA_ARCH__ >= 800
+    enum { W = GF_MVQ_WARPS, ST = gf_stage_stride(S::UB), NV16 = S::UB / 16, NV = (16 * NV16 + GPU_WARP - 1) / GPU_WARP };
+    __shared__ int4 stage[W][16 * ST / 16];
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, gq = lane / 4, c = lane % 4;
+    int total = p.end[p.parts - 1], r0 = blockIdx.x * 16, nsb = p.n / S::COLS, T = p.t_total;
+    /* the lane's pieces: piece i = lane + 32j is vector i % NV16 of row i / NV16
+     * (past the tile's rows: the last row's, not written) */
+    const int4 *src[NV];
+    int dst[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int i = lane + GPU_WARP * j, row = i / NV16, rr;
+        int pt = gf_mv_part(p, min(r0 + row, total - 1), &rr);
+        src[j] = i < 16 * NV16 ? (const int4 *)(p.w[pt] + (size_t)rr * p.ldw) + i % NV16 : NULL;
+        dst[j] = row * (ST / 16) + i % NV16;
+    }
+    int4 v[NV];
+    auto fetch = [&](int sb) {
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            if (src[j])
+                v[j] = gf_ld_stream(src[j] + (size_t)sb * NV16);
+    };
+    int sb = warp;
+    if (sb < nsb)
+        fetch(sb);
+    gf_pdl_begin();
+    float acc[NB][4] = {};
+    const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
+    const gf_act_src asrc(p, 0, ts, ss, 4, gq, c);
+    const uint8_t *sm = (const uint8_t *)stage[warp];
+    gf_mvq_at<S> f[2];
+    f[0].s = sm + gq * ST, f[1].s = sm + (gq + 8) * ST, f[0].c = f[1].c = c;
+    for (; sb < nsb; sb += W) {
+        gpu_syncwarp();
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            if (src[j])
+                stage[warp][dst[j]] = v[j];
+        gpu_syncwarp();
+        if (sb + W < nsb)
+            fetch(sb + W);
+        gf_mvq_unit<gf_mvq_at<S>, NB>(asrc, f, sb, ts, acc);
+    }
     gf_tile_put<W, NB>(p, acc, r0, T);
 #endif
 }
@@ -3578,6 +3686,15 @@ static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
     else
         gf_launch(gf_mvq_kernel<F, NB, 0>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
 }
+
+template <class S, int NB>
+static void gf_mvqs_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
+{
+    if (p.bt)
+        gf_launch(gf_mvqs_kernel<S, NB, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+    else
+        gf_launch(gf_mvqs_kernel<S, NB, 0>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+}
 #endif
 
 /* A norm-handing product runs rows/32 blocks: the slices of one unit a
@@ -3654,6 +3771,12 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
                 gf_launch(gf_mvh_kernel<BF, 2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
             else
                 gf_launch(gf_mvh_kernel<BF, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+        } else if constexpr (gf_mvqs_of<Q>::OK) {
+            typedef typename gf_mvqs_of<Q>::S S;
+            if (p.t_total > 8)
+                gf_mvqs_launch<S, 2>(p, grid, s);
+            else
+                gf_mvqs_launch<S, 1>(p, grid, s);
         } else {
             typedef typename gf_mvq_of<Q>::F F;
             if (p.t_total > 8)
