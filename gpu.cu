@@ -3816,7 +3816,6 @@ static int gf_mvq_units(int type, int n)
         return 0;
     switch (type) {
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
-        return 3;
     case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
         return 2;
     default:
