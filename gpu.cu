@@ -3804,12 +3804,11 @@ static int gf_mma_ok(void)
 }
 
 /* whether a matrix of this type and width has gf_mvq_kernel's units (and
- * the device the tensor cores they need): the fewest rows a batch product
- * takes them for, else 0. Q4_0..Q5_1 and IQ4_NL load a block's scale and
- * codes a row apiece (2-4 loads a block, where a Q4_K superblock takes 5),
- * and at 2 rows their one-row groups run 1.6 times as fast (8B Q4_0 705
- * tok/s against 429, BENCH.md, forty-second pass); from 4 rows the units
- * win (851 against 566). */
+ * the device the tensor cores they need). A batch product takes them from
+ * 2 rows: there they are as fast as the one-row groups or faster in every
+ * format (Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage: 8B Q4_0 694
+ * tok/s against 699 at 2 rows, IQ4_NL 563 against 415, BENCH.md,
+ * forty-third pass). */
 static int gf_mvq_units(int type, int n)
 {
     if (n % 256 || !gf_mma_ok())
@@ -3817,7 +3816,7 @@ static int gf_mvq_units(int type, int n)
     switch (type) {
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
     case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
-        return 2;
+        return 1;
     default:
         return 0;
     }
@@ -3828,8 +3827,7 @@ static int gf_mvq_units(int type, int n)
 static int gf_mvq_takes(int type, int n, int T)
 {
     int fl = (type == QT_F16 || type == QT_BF16) && n % 32 == 0 && gf_mma_ok();
-    int least = gf_mvq_units(type, n);
-    return T > 1 && T <= GF_MMA_T && ((least && T >= least) || fl);
+    return T > 1 && T <= GF_MMA_T && (gf_mvq_units(type, n) || fl);
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
