@@ -2020,6 +2020,65 @@ struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a sca
     }
 };
 
+/* Q2_K: half a superblock (n = u & 1), 8 groups of 16. Group k = 2j + h
+ * (columns 32j + 16h + 0..15 of the half) takes bits 2j of qs bytes 16 +
+ * 32n + 16h + l, and byte 8n + k of the scales: its scale (low nibble,
+ * times d) and min (high, times dmin). */
+struct gf_mvq_q2_K {
+    enum { COLS = 128, GK = 16, G = 8, MIN = 1, SPLIT = 0 };
+    uint32_t qs[2], sc[2], dm;
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)(u >> 1) * 84;
+        int n = u & 1;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            qs[h] = __ldcs((const uint32_t *)(b + 16 + 32 * n + 16 * h + 4 * c));
+            sc[h] = __ldcs((const uint32_t *)(b + 8 * n + 4 * h));
+        }
+        dm = __ldcs((const uint32_t *)(b + 80));
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        uint32_t s = (sc[k / 4] >> (8 * (k % 4))) & 0xff;
+        *lo = (qs[k % 2] >> (2 * (k / 2))) & 0x03030303;
+        *hi = 0;
+        *ds = gf_h2f((uint16_t)(dm & 0xffff)) * (float)(s & 15);
+        *ms = gf_h2f((uint16_t)(dm >> 16)) * (float)(s >> 4);
+    }
+};
+
+/* Q3_K: half a superblock as Q6_K's unit, 8 groups of 16. Group k = 2i + j
+ * of half h (columns 32i + 16j + 0..15 of the half) takes bits 2i of qs
+ * bytes 32 + 32h + 16j + l, bit 4h + i of hmask bytes 16j + l (clear:
+ * level − 4) and scale 8h + k (gf_q3k_scale's packing). */
+struct gf_mvq_q3_K {
+    enum { COLS = 128, GK = 16, G = 8, MIN = 0, SPLIT = 0 };
+    uint32_t qs[2], hm[2], sc[2];   /* hm and the scales shifted to the half */
+    float d;
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        const uint8_t *b = row + (size_t)(u >> 1) * 110;
+        int h = u & 1;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            qs[j] = gf_mvq_q6_K::ld4(b + 32 + 32 * h + 16 * j + 4 * c);
+            hm[j] = gf_mvq_q6_K::ld4(b + 16 * j + 4 * c) >> (4 * h);
+        }
+        uint32_t s2 = gf_mvq_q6_K::ld4(b + 104);
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+            sc[t] = ((gf_mvq_q6_K::ld4(b + 96 + 4 * t) >> (4 * h)) & 0x0f0f0f0f) |
+                    ((s2 >> (4 * h + 2 * t)) & 0x03030303) << 4;
+        d = gf_h2f(gf_ld16(b + 108));
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        int i = k / 2, j = k % 2;
+        uint32_t v = ((qs[j] >> (2 * i)) & 0x03030303) | ((hm[j] >> i) & 0x01010101) << 2;
+        *lo = ((v | 0x80808080u) - 0x04040404u) ^ 0x80808080u;   /* each byte minus 4, no borrow between bytes */
+        *hi = 0;
+        *ds = d * (float)((int)((sc[k / 4] >> (8 * (k % 4))) & 0xff) - 32);
+        *ms = 0.0f;
+    }
+};
+
 struct gf_mvq_q5_K {   /* Q4_K's unit, and each pair's fifth bits (bit k of qh byte l: sub-block k) */
     enum { COLS = 256, GK = 32, G = 8, MIN = 1, SPLIT = 0 };
     int4 h;
@@ -2105,6 +2164,8 @@ template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
 template <> struct gf_mvq_of<gf_q5_K> { typedef gf_mvq_q5_K F; };
 template <> struct gf_mvq_of<gf_q6_K> { typedef gf_mvq_q6_K F; };
+template <> struct gf_mvq_of<gf_q2_K> { typedef gf_mvq_q2_K F; };
+template <> struct gf_mvq_of<gf_q3_K> { typedef gf_mvq_q3_K F; };
 template <> struct gf_mvq_of<gf_q4_0> { typedef gf_mvq_q4<18, 0, false, false> F; };
 template <> struct gf_mvq_of<gf_q5_0> { typedef gf_mvq_q4<22, 2, false, false> F; };
 template <> struct gf_mvq_of<gf_q4_1> { typedef gf_mvq_q4<20, 0, true, false> F; };
@@ -2235,6 +2296,14 @@ static __device__ __forceinline__ void gf_mvq_unit(const gf_act_src &src, const 
                              "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
                              : "=r"(dot[0]), "=r"(dot[1]), "=r"(dot[2]), "=r"(dot[3])
                              : "r"(a[0]), "r"(a[1]), "r"(x), "r"(0));
+                if constexpr (F::MIN) {   /* a min a group of 16: the tokens' sums of its codes, by rows of ones */
+                    int sq[4];
+                    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+                                 "{%0,%1,%2,%3}, {%4,%4}, {%5}, {%6,%6,%6,%6};\n"
+                                 : "=r"(sq[0]), "=r"(sq[1]), "=r"(sq[2]), "=r"(sq[3])
+                                 : "r"(0x01010101), "r"(x), "r"(0));
+                    x0.z = (float)sq[0], x1.z = (float)sq[1];
+                }
             }
             /* dot[i]: row gq + 8·(i/2), token 8b + 2c + i%2 */
             if (F::MIN) {
@@ -3815,7 +3884,7 @@ static int gf_mvq_units(int type, int n)
         return 0;
     switch (type) {
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
-    case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+    case QT_Q8_0: case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
         return 1;
     default:
         return 0;
@@ -4107,6 +4176,8 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     case QT_Q4_1: gf_mvx_launch<gf_q4_1>(p, grid, avg, offs, c->stream); break;
     case QT_Q5_0: gf_mvx_launch<gf_q5_0>(p, grid, avg, offs, c->stream); break;
     case QT_Q5_1: gf_mvx_launch<gf_q5_1>(p, grid, avg, offs, c->stream); break;
+    case QT_Q2_K: gf_mvx_launch<gf_q2_K>(p, grid, avg, offs, c->stream); break;
+    case QT_Q3_K: gf_mvx_launch<gf_q3_K>(p, grid, avg, offs, c->stream); break;
     case QT_Q4_K: gf_mvx_launch<gf_q4_K>(p, grid, avg, offs, c->stream); break;
     case QT_Q5_K: gf_mvx_launch<gf_q5_K>(p, grid, avg, offs, c->stream); break;
     case QT_Q6_K: gf_mvx_launch<gf_q6_K>(p, grid, avg, offs, c->stream); break;
