@@ -11,7 +11,8 @@
  * takes the type, else to the matrix-vector kernels over batches of tokens
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
- * (gf_mvq_kernel), F16 and BF16 too (gf_mvh_kernel); of one
+ * (gf_mvq_kernel; the first five through a stage, gf_mvqs_kernel), Q2_K
+ * and Q3_K too from 3 rows, F16 and BF16 too (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
  * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
@@ -1876,15 +1877,15 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
         gf_mvs_run<F, UL, NORM, false, GF_MVK_SUB>(p2, blockIdx.x - nb1, gridDim.x - nb1);
 }
 
-/* ==== the batched kernel of the 4-, 5-, 6- and 8-bit formats: tensor cores (CUDA sm_80+) ====
+/* ==== the batched kernel of the K-quants, the 4-, 5- and 8-bit blocks: tensor cores (CUDA sm_80+) ====
  * A step of several sequences (gpu_eval_batch) multiplies each matrix by
  * 2..GF_MMA_T activation rows. gf_mv_kernel meets every row's activation
  * again for each weight unit, from L1, and each row cost about as much as a
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
- * Q4_K or Q5_K superblock, four Q8_0 or Q4_0..Q5_1 blocks, half a Q6_K
- * superblock), a sub-block
- * of 32 columns a step (Q6_K: 16, a scale's, m16n8k16), against 8 tokens'
+ * Q4_K or Q5_K superblock, four Q8_0 or Q4_0..Q5_1 blocks, half a Q2_K,
+ * Q3_K or Q6_K superblock), a sub-block of 32 columns a step (Q2_K, Q3_K
+ * and Q6_K: 16, a scale's, m16n8k16), against 8 tokens'
  * int8 activation as B, so an activation byte serves 16 rows from a
  * register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
@@ -3873,19 +3874,23 @@ static int gf_mma_ok(void)
 }
 
 /* whether a matrix of this type and width has gf_mvq_kernel's units (and
- * the device the tensor cores they need). A batch product takes them from
- * 2 rows: there they are as fast as the one-row groups or faster in every
- * format (Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage: 8B Q4_0 694
- * tok/s against 699 at 2 rows, IQ4_NL 563 against 415, BENCH.md,
+ * the device the tensor cores they need): the fewest rows a batch product
+ * takes them for, else 0. From 2 rows the units are as fast as the one-row
+ * groups or faster (Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage:
+ * 8B Q4_0 694 tok/s against 699, IQ4_NL 563 against 415), but for Q2_K's
+ * and Q3_K's, whose groups keep 2 rows (8B Q2_K 678 against 536, Q3_K 510
+ * against 436; from 4 rows the units are 2-5 times as fast; BENCH.md,
  * forty-third pass). */
 static int gf_mvq_units(int type, int n)
 {
     if (n % 256 || !gf_mma_ok())
         return 0;
     switch (type) {
+    case QT_Q2_K: case QT_Q3_K:
+        return 3;
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
-    case QT_Q8_0: case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
-        return 1;
+    case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+        return 2;
     default:
         return 0;
     }
@@ -3896,7 +3901,8 @@ static int gf_mvq_units(int type, int n)
 static int gf_mvq_takes(int type, int n, int T)
 {
     int fl = (type == QT_F16 || type == QT_BF16) && n % 32 == 0 && gf_mma_ok();
-    return T > 1 && T <= GF_MMA_T && (gf_mvq_units(type, n) || fl);
+    int least = gf_mvq_units(type, n);
+    return T > 1 && T <= GF_MMA_T && ((least && T >= least) || fl);
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
