@@ -2208,7 +2208,7 @@ struct gf_mvq_at : S {
 };
 
 /* each batch format's staged form (OK: gf_mvqs_kernel takes it) */
-template <class Q> struct gf_mvqs_of { enum { OK = 0 }; typedef gf_mvqs_q4<18, 0, false, false> S; };
+template <class Q> struct gf_mvqs_of { enum { OK = 0 }; };
 template <> struct gf_mvqs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvqs_q4<18, 0, false, false> S; };
 template <> struct gf_mvqs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvqs_q4<22, 2, false, false> S; };
 template <> struct gf_mvqs_of<gf_q4_1> { enum { OK = 1 }; typedef gf_mvqs_q4<20, 0, true, false> S; };
@@ -3748,22 +3748,20 @@ static int gf_hand_takes(int type, int n, int ne)
 }
 
 #ifdef GPU_CUDA
-template <class F, int NB>
+/* the batch kernel of format Q (staged where gf_mvqs_of has its form), NB
+ * token blocks of 8, the activation's layout p.bt */
+template <class Q, int NB>
 static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 {
-    if (p.bt)
-        gf_launch(gf_mvq_kernel<F, NB, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
-    else
-        gf_launch(gf_mvq_kernel<F, NB, 0>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
-}
-
-template <class S, int NB>
-static void gf_mvqs_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
-{
-    if (p.bt)
-        gf_launch(gf_mvqs_kernel<S, NB, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
-    else
-        gf_launch(gf_mvqs_kernel<S, NB, 0>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
+    void (*k)(gf_mv);
+    if constexpr (gf_mvqs_of<Q>::OK) {
+        typedef typename gf_mvqs_of<Q>::S S;
+        k = p.bt ? gf_mvqs_kernel<S, NB, 1> : gf_mvqs_kernel<S, NB, 0>;
+    } else {
+        typedef typename gf_mvq_of<Q>::F F;
+        k = p.bt ? gf_mvq_kernel<F, NB, 1> : gf_mvq_kernel<F, NB, 0>;
+    }
+    gf_launch(k, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
 }
 #endif
 
@@ -3841,18 +3839,10 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
                 gf_launch(gf_mvh_kernel<BF, 2>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
             else
                 gf_launch(gf_mvh_kernel<BF, 1>, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
-        } else if constexpr (gf_mvqs_of<Q>::OK) {
-            typedef typename gf_mvqs_of<Q>::S S;
-            if (p.t_total > 8)
-                gf_mvqs_launch<S, 2>(p, grid, s);
-            else
-                gf_mvqs_launch<S, 1>(p, grid, s);
+        } else if (p.t_total > 8) {
+            gf_mvq_launch<Q, 2>(p, grid, s);
         } else {
-            typedef typename gf_mvq_of<Q>::F F;
-            if (p.t_total > 8)
-                gf_mvq_launch<F, 2>(p, grid, s);
-            else
-                gf_mvq_launch<F, 1>(p, grid, s);
+            gf_mvq_launch<Q, 1>(p, grid, s);
         }
 #endif
     } else {
