@@ -11,8 +11,8 @@
  * takes the type, else to the matrix-vector kernels over batches of tokens
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
- * (gf_mvq_kernel; the first five through a stage, gf_mvqs_kernel), Q2_K
- * and Q3_K too from 3 rows, F16 and BF16 too (gf_mvh_kernel); of one
+ * (gf_mvq_kernel; Q4_0..Q5_1 and IQ4_NL through a stage, gf_mvqs_kernel),
+ * Q2_K and Q3_K too from 3 rows, F16 and BF16 too (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
  * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
@@ -2180,8 +2180,8 @@ template <> struct gf_mvq_of<gf_iq4_xs> { typedef gf_mvq_iq4_xs F; };
  * a row at a time: their 2-4 loads a block a row each reached the warp's
  * 8 rows' lines (~8 L1 wavefronts an instruction), where a stage takes a
  * unit's rows in 16-byte loads and each lane's reads are one wavefront
- * (BENCH.md, forty-second pass). sub reads group k of the row whose unit
- * lies at s. */
+ * (BENCH.md, forty-second pass; the stage 1.2-1.8 times as fast at 4-16
+ * rows, forty-third). sub reads group k of the row whose unit lies at s. */
 template <int BB, int HO, bool MN, bool NL>
 struct gf_mvqs_q4 {
     enum { COLS = 256, GK = 32, G = 8, MIN = !NL, SPLIT = 1, UB = 8 * BB };
