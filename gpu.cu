@@ -2124,17 +2124,22 @@ struct gf_mvq_q4 {
             gf_ldu(w, bk + BB - 16 + 4 * c, (BB * k + BB) % 4);
             if (HO)
                 gf_ldu(h, bk + HO, (BB * k + HO) % 4);
-            uint32_t lo = (w[0] & 0x0f0f0f0f) | (uint32_t)gf_bit4(h[0] >> (4 * c));
-            uint32_t hi = ((w[0] >> 4) & 0x0f0f0f0f) | (uint32_t)gf_bit4(h[0] >> (16 + 4 * c));
-            q[k][0] = NL ? (uint32_t)gf_iq4_vals(lo) : lo;
-            q[k][1] = NL ? (uint32_t)gf_iq4_vals(hi) : hi;
+            codes(w[0], h[0], c, &q[k][0], &q[k][1]);
         }
     }
     __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
         float d = gf_h2f((uint16_t)(dm[k] & 0xffff));
-        *lo = q[k][0], *hi = q[k][1], *ds = d;
-        *ms = NL ? 0.0f : MN ? -gf_h2f((uint16_t)(dm[k] >> 16)) : HO ? 16.0f * d : 8.0f * d;
+        *lo = q[k][0], *hi = q[k][1], *ds = d, *ms = dmin(d, (uint16_t)(dm[k] >> 16));
     }
+    /* lane c's codes from its word of nibbles w and the block's fifth bits h */
+    static __device__ void codes(uint32_t w, uint32_t h, int c, uint32_t *lo, uint32_t *hi) {
+        uint32_t l = (w & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (4 * c));
+        uint32_t u = ((w >> 4) & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (16 + 4 * c));
+        *lo = NL ? (uint32_t)gf_iq4_vals(l) : l;
+        *hi = NL ? (uint32_t)gf_iq4_vals(u) : u;
+    }
+    /* the min against the activation's sum of codes, for scale d (m: the stored min's f16 bits) */
+    static __device__ float dmin(float d, uint16_t m) { return NL ? 0.0f : MN ? -gf_h2f(m) : HO ? 16.0f * d : 8.0f * d; }
 };
 
 struct gf_mvq_iq4_xs {   /* half a superblock: sub-blocks 4h..4h+3, each IQ4_NL's codes and a 6-bit scale */
@@ -2184,18 +2189,14 @@ template <> struct gf_mvq_of<gf_iq4_xs> { typedef gf_mvq_iq4_xs F; };
  * rows, forty-third). sub reads group k of the row whose unit lies at s. */
 template <int BB, int HO, bool MN, bool NL>
 struct gf_mvqs_q4 {
-    enum { COLS = 256, GK = 32, G = 8, MIN = !NL, SPLIT = 1, UB = 8 * BB };
+    typedef gf_mvq_q4<BB, HO, MN, NL> F;
+    enum { COLS = 256, GK = 32, G = 8, MIN = F::MIN, SPLIT = 1, UB = 8 * BB };
     /* 4 bytes o past p (4-aligned; o a constant): a word, or two halves where o is 2 mod 4 */
     static __device__ uint32_t ld(const uint8_t *p, int o) { return o % 4 ? (uint32_t)gf_ld32h(p + o) : *(const uint32_t *)(p + o); }
     static __device__ void sub(const uint8_t *s, int k, int c, uint32_t *lo, uint32_t *hi, float *ds, float *ms) {
         float d = gf_h2f(gf_ld16(s + BB * k));
-        uint32_t w = ld(s + 4 * c, BB * k + BB - 16), h = HO ? ld(s, BB * k + HO) : 0;
-        uint32_t l = (w & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (4 * c));
-        uint32_t u = ((w >> 4) & 0x0f0f0f0f) | (uint32_t)gf_bit4(h >> (16 + 4 * c));
-        *lo = NL ? (uint32_t)gf_iq4_vals(l) : l;
-        *hi = NL ? (uint32_t)gf_iq4_vals(u) : u;
-        *ds = d;
-        *ms = NL ? 0.0f : MN ? -gf_h2f(gf_ld16(s + BB * k + 2)) : HO ? 16.0f * d : 8.0f * d;
+        F::codes(ld(s + 4 * c, BB * k + BB - 16), HO ? ld(s, BB * k + HO) : 0, c, lo, hi);
+        *ds = d, *ms = F::dmin(d, MN ? gf_ld16(s + BB * k + 2) : 0);
     }
 };
 
@@ -2207,13 +2208,12 @@ struct gf_mvq_at : S {
     __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const { S::sub(s, k, c, lo, hi, ds, ms); }
 };
 
-/* each batch format's staged form (OK: gf_mvqs_kernel takes it) */
-template <class Q> struct gf_mvqs_of { enum { OK = 0 }; };
-template <> struct gf_mvqs_of<gf_q4_0> { enum { OK = 1 }; typedef gf_mvqs_q4<18, 0, false, false> S; };
-template <> struct gf_mvqs_of<gf_q5_0> { enum { OK = 1 }; typedef gf_mvqs_q4<22, 2, false, false> S; };
-template <> struct gf_mvqs_of<gf_q4_1> { enum { OK = 1 }; typedef gf_mvqs_q4<20, 0, true, false> S; };
-template <> struct gf_mvqs_of<gf_q5_1> { enum { OK = 1 }; typedef gf_mvqs_q4<24, 4, true, false> S; };
-template <> struct gf_mvqs_of<gf_iq4_nl> { enum { OK = 1 }; typedef gf_mvqs_q4<18, 0, false, true> S; };
+/* a unit struct's staged form (OK: gf_mvqs_kernel takes it): gf_mvq_q4's */
+template <class F> struct gf_mvqs_of { enum { OK = 0 }; };
+template <int BB, int HO, bool MN, bool NL> struct gf_mvqs_of<gf_mvq_q4<BB, HO, MN, NL> > {
+    enum { OK = 1 };
+    typedef gf_mvqs_q4<BB, HO, MN, NL> S;
+};
 
 /* a stage's row stride for units of ub bytes: 16-aligned, and an odd
  * multiple of 4 words mod 32, so that a word of each of 8 rows (c: 0..3
@@ -2428,7 +2428,7 @@ __global__ void __launch_bounds__(GF_MVQ_WARPS * GPU_WARP, NB == 1 ? 3 : 2) gf_m
     gf_pdl_begin();
     float acc[NB][4] = {};
     const int ts = BT ? 1 : p.n / GF_AB, ss = BT ? p.bt : 1;
-    const gf_act_src asrc(p, 0, ts, ss, 4, gq, c);
+    const gf_act_src asrc(p, 0, ts, ss, gf_lane_b<S>(), gq, c);
     const uint8_t *sm = (const uint8_t *)stage[warp];
     gf_mvq_at<S> f[2];
     f[0].s = sm + gq * ST, f[1].s = sm + (gq + 8) * ST, f[0].c = f[1].c = c;
@@ -3753,12 +3753,12 @@ static int gf_hand_takes(int type, int n, int ne)
 template <class Q, int NB>
 static void gf_mvq_launch(const gf_mv &p, dim3 grid, gpuStream_t s)
 {
+    typedef typename gf_mvq_of<Q>::F F;
     void (*k)(gf_mv);
-    if constexpr (gf_mvqs_of<Q>::OK) {
-        typedef typename gf_mvqs_of<Q>::S S;
+    if constexpr (gf_mvqs_of<F>::OK) {
+        typedef typename gf_mvqs_of<F>::S S;
         k = p.bt ? gf_mvqs_kernel<S, NB, 1> : gf_mvqs_kernel<S, NB, 0>;
     } else {
-        typedef typename gf_mvq_of<Q>::F F;
         k = p.bt ? gf_mvq_kernel<F, NB, 1> : gf_mvq_kernel<F, NB, 0>;
     }
     gf_launch(k, grid, GF_MVQ_WARPS * GPU_WARP, 0, s, p);
