@@ -12,7 +12,8 @@
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
  * (gf_mvq_kernel; Q4_0..Q5_1 and IQ4_NL through a stage, gf_mvqs_kernel),
- * Q2_K and Q3_K too from 3 rows, F16 and BF16 too (gf_mvh_kernel); of one
+ * the IQ2/IQ3 lattices, Q2_K and Q3_K from 3 rows, F16 and BF16 too
+ * (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
  * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
@@ -1884,8 +1885,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
  * single-stream pass (BENCH.md, eleventh pass). Here the weights are mma.sync
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
  * Q4_K or Q5_K superblock, four Q8_0 or Q4_0..Q5_1 blocks, half a Q2_K,
- * Q3_K or Q6_K superblock), a sub-block of 32 columns a step (Q2_K, Q3_K
- * and Q6_K: 16, a scale's, m16n8k16), against 8 tokens'
+ * Q3_K, Q6_K or lattice superblock), a sub-block of 32 columns a step
+ * (Q2_K, Q3_K, Q6_K, IQ2_XS and IQ2_S: 16, a scale's, m16n8k16), against 8 tokens'
  * int8 activation as B, so an activation byte serves 16 rows from a
  * register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
@@ -2165,6 +2166,43 @@ struct gf_mvq_iq4_xs {   /* half a superblock: sub-blocks 4h..4h+3, each IQ4_NL'
     }
 };
 
+/* The IQ2/IQ3 lattices: four groups, each group's codes and scale from
+ * gq_iq_eight. Where a scale covers 32 columns (IQ2_XXS, IQ3_XXS, IQ3_S) a
+ * unit is half a superblock, a group a sub-block, and lane c's columns
+ * 8c..8c+7 the sub-block's group of 8 c. Where it covers 16 (IQ2_XS,
+ * IQ2_S) a unit is two sub-blocks, a group half of one, and lane c's
+ * columns 4c..4c+3 half of the group of 8 2h + c/2 (half h): 8 groups a
+ * unit held 16 registers a row, which spilled at 8 rows' 80. */
+template <int T>
+struct gf_mvq_iq {
+    enum { GK = T == QT_IQ2_XS || T == QT_IQ2_S ? 16 : 32, COLS = 4 * GK, G = 4, MIN = 0, SPLIT = 0 };
+    uint32_t q[G][GK / 16];
+    float d[G];
+    __device__ void fetch(const uint8_t *row, int u, int c) {
+        enum { UPS = 256 / COLS };   /* units a superblock */
+        const uint8_t *b = row + (size_t)(u / UPS) * gq_bsize(T);
+        int sb = COLS / 32 * (u % UPS);   /* the unit's first sub-block */
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            int w[2];
+            if constexpr (GK == 32) {
+                d[k] = gq_iq_eight<T>(b, sb + k, c, w);
+                q[k][0] = (uint32_t)w[0], q[k][1] = (uint32_t)w[1];
+            } else {
+                d[k] = gq_iq_eight<T>(b, sb + k / 2, 2 * (k % 2) + c / 2, w);
+                q[k][0] = (uint32_t)w[c % 2];
+            }
+        }
+    }
+    __device__ void sub(int k, uint32_t *lo, uint32_t *hi, float *ds, float *ms) const {
+        *lo = q[k][0], *ds = d[k], *ms = 0.0f;
+        if constexpr (GK == 32)
+            *hi = q[k][1];
+        else
+            *hi = 0;
+    }
+};
+
 /* the format of a unit struct above (only those gf_mvq_takes reach the kernel) */
 template <class Q> struct gf_mvq_of { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<gf_q4_K> { typedef gf_mvq_q4_K F; };
@@ -2178,6 +2216,7 @@ template <> struct gf_mvq_of<gf_q4_1> { typedef gf_mvq_q4<20, 0, true, false> F;
 template <> struct gf_mvq_of<gf_q5_1> { typedef gf_mvq_q4<24, 4, true, false> F; };
 template <> struct gf_mvq_of<gf_iq4_nl> { typedef gf_mvq_q4<18, 0, false, true> F; };
 template <> struct gf_mvq_of<gf_iq4_xs> { typedef gf_mvq_iq4_xs F; };
+template <int T> struct gf_mvq_of<gf_iq<T> > { typedef gf_mvq_iq<T> F; };
 
 /* A staged batch format (gf_mvqs_kernel): Q4_0, Q5_0, Q4_1, Q5_1 and
  * IQ4_NL as gf_mvq_q4's groups, a unit of eight blocks (UB bytes a row,
@@ -3880,6 +3919,7 @@ static int gf_mvq_units(int type, int n)
         return 3;
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
     case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
         return 2;
     default:
         return 0;
@@ -4179,6 +4219,11 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     case QT_Q6_K: gf_mvx_launch<gf_q6_K>(p, grid, avg, offs, c->stream); break;
     case QT_IQ4_NL: gf_mvx_launch<gf_iq4_nl>(p, grid, avg, offs, c->stream); break;
     case QT_IQ4_XS: gf_mvx_launch<gf_iq4_xs>(p, grid, avg, offs, c->stream); break;
+    case QT_IQ2_XXS: gf_mvx_launch<gf_iq<QT_IQ2_XXS> >(p, grid, avg, offs, c->stream); break;
+    case QT_IQ2_XS: gf_mvx_launch<gf_iq<QT_IQ2_XS> >(p, grid, avg, offs, c->stream); break;
+    case QT_IQ2_S: gf_mvx_launch<gf_iq<QT_IQ2_S> >(p, grid, avg, offs, c->stream); break;
+    case QT_IQ3_XXS: gf_mvx_launch<gf_iq<QT_IQ3_XXS> >(p, grid, avg, offs, c->stream); break;
+    case QT_IQ3_S: gf_mvx_launch<gf_iq<QT_IQ3_S> >(p, grid, avg, offs, c->stream); break;
     default: gf_mvx_launch<gf_q8_0>(p, grid, avg, offs, c->stream); break;
     }
     GF_LAUNCH_CHECK(err, errlen);

@@ -340,8 +340,8 @@ static __device__ __forceinline__ void gq_iq4_xs_16(const uint8_t *row, int i16,
 
 /* ---- the IQ2/IQ3 lattices: grids of 8 (IQ2) or 4 (IQ3) magnitudes a
  * point, a sign bit an element, a 4-bit scale a 32 (a 16 for IQ2_XS and
- * IQ2_S). One decoder a format, gq_iq_half, serves gq_dequant16 and the
- * decode kernels' int8 units (gpu.cu). ---- */
+ * IQ2_S). One decoder a format, gq_iq_eight, serves gq_dequant16 and the
+ * decode and batch kernels' int8 units (gpu.cu). ---- */
 #define QG_TABLE static __device__ const
 #include "quant_grids.h"
 #undef QG_TABLE
@@ -367,61 +367,53 @@ static __device__ __forceinline__ unsigned gq_iq_u32(const uint8_t *p)
     return (unsigned)((const uint16_t *)p)[0] | (unsigned)((const uint16_t *)p)[1] << 16;
 }
 
-/* Half h of sub-block sb (elements 32sb + 16h .. + 15) of the superblock at
- * b, type T: its 16 codes as signed bytes (elements 4i .. 4i+3 in q[i]),
- * and the scale they take: scale · code is quant.c's value bit for bit (the
- * sign of a product of floats is exact). Groups of 8 l = 2h, 2h + 1. */
+/* Group l of 8 of sub-block sb (elements 32sb + 8l .. + 7) of the
+ * superblock at b, type T: its 8 codes as signed bytes (elements 4i ..
+ * 4i+3 in q[i]), and the scale they take: scale · code is quant.c's value
+ * bit for bit (the sign of a product of floats is exact). */
+template <int T>
+static __device__ __forceinline__ float gq_iq_eight(const uint8_t *b, int sb, int l, int (&q)[2])
+{
+    float d = gq_f16(b);
+    unsigned g0, g1, sg;   /* the group's magnitudes (bytes), its 8 signs */
+    float s;
+    if (T == QT_IQ2_XXS) {   /* 8 bytes at 2 + 8sb: four grid indices, then 7-bit sign fields and the scale */
+        unsigned aux = gq_iq_u32(b + 6 + 8 * sb);
+        uint64_t g = iq2xxs_grid[b[2 + 8 * sb + l]];
+        g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = gq_iq_signs((aux >> 7 * l) & 127);
+        s = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+    } else if (T == QT_IQ2_XS) {   /* u16 words at 2 + 8sb (9-bit index, 7 sign bits), the halves' scales at 66 + sb */
+        unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[l];
+        uint64_t g = iq2xs_grid[w & 511];
+        g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = gq_iq_signs(w >> 9);
+        s = d * (0.5f + (float)((b[66 + sb] >> (4 * (l / 2))) & 15)) * 0.25f;
+    } else if (T == QT_IQ2_S) {   /* index bytes at 2 + 4sb (top bits at 66 + sb), sign bytes at 34 + 4sb, scales at 74 + sb */
+        uint64_t g = iq2s_grid[b[2 + 4 * sb + l] | ((b[66 + sb] >> (2 * l)) & 3) << 8];
+        g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = b[34 + 4 * sb + l];
+        s = d * (0.5f + (float)((b[74 + sb] >> (4 * (l / 2))) & 15)) * 0.25f;
+    } else if (T == QT_IQ3_XXS) {   /* index bytes at 2 + 8sb (4-element points), IQ2_XXS's sign fields and scale at 66 + 4sb */
+        unsigned aux = gq_iq_u32(b + 66 + 4 * sb), w = ((const uint16_t *)(b + 2 + 8 * sb))[l];
+        g0 = iq3xxs_grid[w & 255], g1 = iq3xxs_grid[w >> 8], sg = gq_iq_signs((aux >> 7 * l) & 127);
+        s = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+    } else {   /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
+        unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[l], qh = b[66 + sb] >> (2 * l);
+        g0 = iq3s_grid[(w & 255) | (qh & 1) << 8], g1 = iq3s_grid[(w >> 8) | (qh & 2) << 7], sg = b[74 + 4 * sb + l];
+        s = d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
+    }
+    q[0] = gq_iq_signed(g0, sg), q[1] = gq_iq_signed(g1, sg >> 4);
+    return s;
+}
+
+/* Half h of sub-block sb (elements 32sb + 16h .. + 15): its groups of 8
+ * 2h and 2h + 1 (gq_iq_eight), the codes in q, the scale returned */
 template <int T>
 static __device__ __forceinline__ float gq_iq_half(const uint8_t *b, int sb, int h, int (&q)[4])
 {
-    float d = gq_f16(b);
-    if (T == QT_IQ2_XXS) {   /* 8 bytes at 2 + 8sb: four grid indices, then 7-bit sign fields and the scale */
-        unsigned idx = gq_iq_u32(b + 2 + 8 * sb), aux = gq_iq_u32(b + 6 + 8 * sb);
-        for (int k = 0; k < 2; k++) {
-            int l = 2 * h + k;
-            uint64_t g = iq2xxs_grid[(idx >> 8 * l) & 255];
-            unsigned sg = gq_iq_signs((aux >> 7 * l) & 127);
-            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
-        }
-        return d * (0.5f + (float)(aux >> 28)) * 0.25f;
-    }
-    if (T == QT_IQ2_XS) {   /* u16 words at 2 + 8sb (9-bit index, 7 sign bits), the halves' scales at 66 + sb */
-        for (int k = 0; k < 2; k++) {
-            unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[2 * h + k];
-            uint64_t g = iq2xs_grid[w & 511];
-            unsigned sg = gq_iq_signs(w >> 9);
-            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
-        }
-        return d * (0.5f + (float)((b[66 + sb] >> (4 * h)) & 15)) * 0.25f;
-    }
-    if (T == QT_IQ2_S) {   /* index bytes at 2 + 4sb (top bits at 66 + sb), sign bytes at 34 + 4sb, scales at 74 + sb */
-        unsigned idx = ((const uint16_t *)(b + 2 + 4 * sb))[h], sg2 = ((const uint16_t *)(b + 34 + 4 * sb))[h];
-        unsigned qh = b[66 + sb] >> 4 * h;
-        for (int k = 0; k < 2; k++) {
-            uint64_t g = iq2s_grid[((idx >> 8 * k) & 255) | ((qh >> (2 * k)) & 3) << 8];
-            unsigned sg = sg2 >> 8 * k;
-            q[2 * k] = gq_iq_signed((unsigned)g, sg), q[2 * k + 1] = gq_iq_signed((unsigned)(g >> 32), sg >> 4);
-        }
-        return d * (0.5f + (float)((b[74 + sb] >> (4 * h)) & 15)) * 0.25f;
-    }
-    if (T == QT_IQ3_XXS) {   /* index bytes at 2 + 8sb (4-element points), IQ2_XXS's sign fields and scale at 66 + 4sb */
-        unsigned aux = gq_iq_u32(b + 66 + 4 * sb), w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
-        for (int k = 0; k < 2; k++) {
-            unsigned sg = gq_iq_signs((aux >> 7 * (2 * h + k)) & 127), wk = w >> 16 * k;
-            q[2 * k] = gq_iq_signed(iq3xxs_grid[wk & 255], sg);
-            q[2 * k + 1] = gq_iq_signed(iq3xxs_grid[(wk >> 8) & 255], sg >> 4);
-        }
-        return d * (0.5f + (float)(aux >> 28)) * 0.5f;
-    }
-    /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
-    unsigned qh = b[66 + sb] >> 4 * h, w = gq_iq_u32(b + 2 + 8 * sb + 4 * h);
-    unsigned sg2 = ((const uint16_t *)(b + 74 + 4 * sb))[h];
-    for (int k = 0; k < 2; k++) {
-        unsigned sg = sg2 >> 8 * k, wk = w >> 16 * k;
-        q[2 * k] = gq_iq_signed(iq3s_grid[(wk & 255) | ((qh >> (2 * k)) & 1) << 8], sg);
-        q[2 * k + 1] = gq_iq_signed(iq3s_grid[((wk >> 8) & 255) | ((qh >> (2 * k + 1)) & 1) << 8], sg >> 4);
-    }
-    return d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
+    int a[2], c[2];
+    float s = gq_iq_eight<T>(b, sb, 2 * h, a);
+    gq_iq_eight<T>(b, sb, 2 * h + 1, c);
+    q[0] = a[0], q[1] = a[1], q[2] = c[0], q[3] = c[1];
+    return s;
 }
 
 template <int T>

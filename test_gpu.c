@@ -35,7 +35,8 @@ struct tg_err {
 static int tg_mma_type(int type)
 {
     static const int t[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_Q2_K,
-                            QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                            QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS,
+                            QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (t[i] == type)
             return 1;
