@@ -12,7 +12,7 @@
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
  * (gf_mvq_kernel; Q4_0..Q5_1 and IQ4_NL through a stage, gf_mvqs_kernel),
- * the IQ2/IQ3 lattices, Q2_K and Q3_K from 3 rows, F16 and BF16 too
+ * the IQ2/IQ3 lattices too, Q2_K and Q3_K from 3 rows, F16 and BF16 too
  * (gf_mvh_kernel); of one
  * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
