@@ -1989,12 +1989,14 @@ struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a sca
     enum { COLS = 128, GK = 16, G = 8, MIN = 0, SPLIT = 0 };
     uint32_t ql[2][2], qh[2], sc[2];
     float d;
-    /* 4 bytes at a 2-aligned address (blocks of 210 bytes): from the two
+    /* 4 bytes at a 2-aligned address (blocks of 210 bytes, Q3_K's 110): a
+     * word where it is 4-aligned (every other superblock), else from the two
      * aligned words around them */
     static __device__ uint32_t ld4(const uint8_t *x)
     {
         const uint32_t *a = (const uint32_t *)((uintptr_t)x & ~(uintptr_t)3);
-        return __funnelshift_r(__ldcs(a), __ldcs(a + 1), 8 * (unsigned)((uintptr_t)x & 3));
+        unsigned sh = 8 * (unsigned)((uintptr_t)x & 3);
+        return sh ? __funnelshift_r(__ldcs(a), __ldcs(a + 1), sh) : __ldcs(a);
     }
     /* half h of the superblock: its quarter i (32 columns) takes the low
      * (i < 2) or high nibbles of ql bytes 64h + 32(i % 2) + l and bits 2i
