@@ -367,6 +367,13 @@ static __device__ __forceinline__ unsigned gq_iq_u32(const uint8_t *p)
     return (unsigned)((const uint16_t *)p)[0] | (unsigned)((const uint16_t *)p)[1] << 16;
 }
 
+/* Byte l of the 2-aligned bytes at p, read as its aligned pair: the two
+ * groups of a half (gq_iq_half) share one load */
+static __device__ __forceinline__ unsigned gq_iq_pair(const uint8_t *p, int l)
+{
+    return ((const uint16_t *)p)[l / 2] >> (8 * (l & 1)) & 255;
+}
+
 /* Group l of 8 of sub-block sb (elements 32sb + 8l .. + 7) of the
  * superblock at b, type T: its 8 codes as signed bytes (elements 4i ..
  * 4i+3 in q[i]), and the scale they take: scale · code is quant.c's value
@@ -388,8 +395,9 @@ static __device__ __forceinline__ float gq_iq_eight(const uint8_t *b, int sb, in
         g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = gq_iq_signs(w >> 9);
         s = d * (0.5f + (float)((b[66 + sb] >> (4 * (l / 2))) & 15)) * 0.25f;
     } else if (T == QT_IQ2_S) {   /* index bytes at 2 + 4sb (top bits at 66 + sb), sign bytes at 34 + 4sb, scales at 74 + sb */
-        uint64_t g = iq2s_grid[b[2 + 4 * sb + l] | ((b[66 + sb] >> (2 * l)) & 3) << 8];
-        g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = b[34 + 4 * sb + l];
+        unsigned idx = gq_iq_pair(b + 2 + 4 * sb, l);
+        uint64_t g = iq2s_grid[idx | ((b[66 + sb] >> (2 * l)) & 3) << 8];
+        g0 = (unsigned)g, g1 = (unsigned)(g >> 32), sg = gq_iq_pair(b + 34 + 4 * sb, l);
         s = d * (0.5f + (float)((b[74 + sb] >> (4 * (l / 2))) & 15)) * 0.25f;
     } else if (T == QT_IQ3_XXS) {   /* index bytes at 2 + 8sb (4-element points), IQ2_XXS's sign fields and scale at 66 + 4sb */
         unsigned aux = gq_iq_u32(b + 66 + 4 * sb), w = ((const uint16_t *)(b + 2 + 8 * sb))[l];
@@ -397,7 +405,7 @@ static __device__ __forceinline__ float gq_iq_eight(const uint8_t *b, int sb, in
         s = d * (0.5f + (float)(aux >> 28)) * 0.5f;
     } else {   /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
         unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[l], qh = b[66 + sb] >> (2 * l);
-        g0 = iq3s_grid[(w & 255) | (qh & 1) << 8], g1 = iq3s_grid[(w >> 8) | (qh & 2) << 7], sg = b[74 + 4 * sb + l];
+        g0 = iq3s_grid[(w & 255) | (qh & 1) << 8], g1 = iq3s_grid[(w >> 8) | (qh & 2) << 7], sg = gq_iq_pair(b + 74 + 4 * sb, l);
         s = d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
     }
     q[0] = gq_iq_signed(g0, sg), q[1] = gq_iq_signed(g1, sg >> 4);
