@@ -12,9 +12,8 @@
  * (STRATA_GPU_NO_GEMM=1 forces that); of 2..16 rows, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
  * (gf_mvq_kernel; Q4_0..Q5_1 and IQ4_NL through a stage, gf_mvqs_kernel),
- * the IQ2/IQ3 lattices too, Q2_K and Q3_K from 3 rows, F16 and BF16 too
- * (gf_mvh_kernel); of one
- * row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
+ * IQ2_XXS and IQ3_XXS too, Q2_K, Q3_K, IQ2_XS and IQ3_S from 3 rows, IQ2_S
+ * from 4, F16 and BF16 too (gf_mvh_kernel); of one row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
  * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
  * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
  * a Q6_K product of one width (a Q4_K_M layer's q/k and v) to one launch
@@ -1989,14 +1988,12 @@ struct gf_mvq_q6_K {   /* half a superblock (128 columns): 8 groups of 16, a sca
     enum { COLS = 128, GK = 16, G = 8, MIN = 0, SPLIT = 0 };
     uint32_t ql[2][2], qh[2], sc[2];
     float d;
-    /* 4 bytes at a 2-aligned address (blocks of 210 bytes, Q3_K's 110): a
-     * word where it is 4-aligned (every other superblock), else from the two
+    /* 4 bytes at a 2-aligned address (blocks of 210 bytes): from the two
      * aligned words around them */
     static __device__ uint32_t ld4(const uint8_t *x)
     {
         const uint32_t *a = (const uint32_t *)((uintptr_t)x & ~(uintptr_t)3);
-        unsigned sh = 8 * (unsigned)((uintptr_t)x & 3);
-        return sh ? __funnelshift_r(__ldcs(a), __ldcs(a + 1), sh) : __ldcs(a);
+        return __funnelshift_r(__ldcs(a), __ldcs(a + 1), 8 * (unsigned)((uintptr_t)x & 3));
     }
     /* half h of the superblock: its quarter i (32 columns) takes the low
      * (i < 2) or high nibbles of ql bytes 64h + 32(i % 2) + l and bits 2i
@@ -3908,20 +3905,24 @@ static int gf_mma_ok(void)
  * the device the tensor cores they need): the fewest rows a batch product
  * takes them for, else 0. From 2 rows the units are as fast as the one-row
  * groups or faster (Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage:
- * 8B Q4_0 694 tok/s against 699, IQ4_NL 563 against 415), but for Q2_K's
- * and Q3_K's, whose groups keep 2 rows (8B Q2_K 678 against 536, Q3_K 510
- * against 436; from 4 rows the units are 2-5 times as fast; BENCH.md,
- * forty-third pass). */
+ * 8B Q4_0 694 tok/s against 699, IQ4_NL 563 against 415, IQ2_XXS 477
+ * against 454), but where the groups are ahead at 2 or 3 rows: Q2_K, Q3_K,
+ * IQ2_XS and IQ3_S keep 2 (8B Q2_K 678 against 536, IQ2_XS 477 against
+ * 337), IQ2_S 3 (446 against 371; at 4 rows 539 against 519). From 8 rows
+ * the units are 2-5 times as fast (BENCH.md, forty-third and forty-fourth
+ * passes). */
 static int gf_mvq_units(int type, int n)
 {
     if (n % 256 || !gf_mma_ok())
         return 0;
     switch (type) {
-    case QT_Q2_K: case QT_Q3_K:
+    case QT_Q2_K: case QT_Q3_K: case QT_IQ2_XS: case QT_IQ3_S:
         return 3;
+    case QT_IQ2_S:
+        return 4;
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_IQ4_NL:
     case QT_Q8_0: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
-    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
+    case QT_IQ2_XXS: case QT_IQ3_XXS:
         return 2;
     default:
         return 0;

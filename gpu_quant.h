@@ -405,7 +405,7 @@ static __device__ __forceinline__ float gq_iq_eight(const uint8_t *b, int sb, in
         s = d * (0.5f + (float)(aux >> 28)) * 0.5f;
     } else {   /* QT_IQ3_S: index bytes at 2 + 8sb (ninth bits at 66 + sb), sign bytes at 74 + 4sb, scale nibbles at 106 */
         unsigned w = ((const uint16_t *)(b + 2 + 8 * sb))[l], qh = b[66 + sb] >> (2 * l);
-        g0 = iq3s_grid[(w & 255) | (qh & 1) << 8], g1 = iq3s_grid[(w >> 8) | (qh & 2) << 7], sg = gq_iq_pair(b + 74 + 4 * sb, l);
+        g0 = iq3s_grid[(w & 255) | (qh & 1) << 8], g1 = iq3s_grid[(w >> 8) | (qh & 2) << 7], sg = b[74 + 4 * sb + l];
         s = d * (float)(1 + 2 * ((b[106 + sb / 2] >> (4 * (sb & 1))) & 15));
     }
     q[0] = gq_iq_signed(g0, sg), q[1] = gq_iq_signed(g1, sg >> 4);
