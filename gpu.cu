@@ -13,9 +13,10 @@
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS to tensor cores
  * (gf_mvq_kernel; Q4_0..Q5_1 and IQ4_NL through a stage, gf_mvqs_kernel),
  * IQ2_XXS and IQ3_XXS too, Q2_K, Q3_K, IQ2_XS and IQ3_S from 3 rows, IQ2_S
- * from 4, F16 and BF16 too (gf_mvh_kernel); of one row, Q4_K to gf_mvk_kernel, the formats with a staged form (gf_mvs_of:
- * Q4_0, Q5_0, Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the
- * lattices) to gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
+ * from 4, F16 and BF16 too (gf_mvh_kernel); of one row, Q4_K to
+ * gf_mvk_kernel, the formats with a staged form (gf_mvs_of: Q4_0, Q5_0,
+ * Q4_1, Q5_1, Q8_0, the other K-quants, IQ4_NL, IQ4_XS, the lattices) to
+ * gf_mvs_kernel, float rows to gf_mvf_kernel, and a Q4_K and
  * a Q6_K product of one width (a Q4_K_M layer's q/k and v) to one launch
  * of both (gf_mv2_kernel; STRATA_GPU_NO_MV2=1: a launch each).
  * STRATA_GPU_NO_GRAPH=1 runs decode without the graph, STRATA_GPU_NO_PDL=1
@@ -1885,8 +1886,8 @@ __global__ void __launch_bounds__(GF_MVK_ONE(UL, NORM) ? GF_MVK_SUB * GPU_WARP :
  * m16n8k32 A operands (s8, s32 sums): a warp takes 16 rows of a unit (a
  * Q4_K or Q5_K superblock, four Q8_0 or Q4_0..Q5_1 blocks, half a Q2_K,
  * Q3_K, Q6_K or lattice superblock), a sub-block of 32 columns a step
- * (Q2_K, Q3_K, Q6_K, IQ2_XS and IQ2_S: 16, a scale's, m16n8k16), against 8 tokens'
- * int8 activation as B, so an activation byte serves 16 rows from a
+ * (Q2_K, Q3_K, Q6_K, IQ2_XS and IQ2_S: 16, a scale's, m16n8k16), against
+ * 8 tokens' int8 activation as B, so an activation byte serves 16 rows from a
  * register. Within a sub-block
  * the order of k is free as long as A and B agree: lane (group gq = lane/4,
  * c = lane%4) holds columns 8c..8c+7, so its codes are 8 contiguous bytes of
