@@ -3904,13 +3904,13 @@ static int gf_mma_ok(void)
 
 /* whether a matrix of this type and width has gf_mvq_kernel's units (and
  * the device the tensor cores they need): the fewest rows a batch product
- * takes them for, else 0. From 2 rows the units are as fast as the one-row
- * groups or faster (Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage:
- * 8B Q4_0 694 tok/s against 699, IQ4_NL 563 against 415, IQ2_XXS 477
- * against 454), but where the groups are ahead at 2 or 3 rows: Q2_K, Q3_K,
- * IQ2_XS and IQ3_S keep 2 (8B Q2_K 678 against 536, IQ2_XS 477 against
- * 337), IQ2_S 3 (446 against 371; at 4 rows 539 against 519). From 8 rows
- * the units are 2-5 times as fast (BENCH.md, forty-third and forty-fourth
+ * takes them for, else 0: the rows where they first beat the one-row
+ * groups on the H200. For most formats that is 2 (8B Q4_0 694 tok/s
+ * against 699 through gf_mvqs_kernel's stage, IQ4_NL 563 against 415,
+ * IQ2_XXS 477 against 454). The groups keep 2 rows of Q2_K, Q3_K, IQ2_XS
+ * and IQ3_S (8B Q2_K 678 against 536, IQ2_XS 477 against 337) and 3 of
+ * IQ2_S (446 against 371; at 4 rows 539 against 519). From 8 rows the
+ * units are 2-5 times as fast (BENCH.md, forty-third and forty-fourth
  * passes). */
 static int gf_mvq_units(int type, int n)
 {

@@ -176,8 +176,8 @@ static void tg_matvec_type(int type, int N, int ROWS)
     /* T = 2 and TMAX: a batch step's products (gf_mvq_kernel for the
      * formats of tg_mma_type at widths of 256s, in both layouts of the
      * activation, Q4_0..Q5_1 and IQ4_NL through gf_mvqs_kernel's stage,
-     * Q2_K and Q3_K from 3 rows; one-row groups or 8-row blocks for the
-     * others) */
+     * Q2_K, Q3_K, IQ2_XS and IQ3_S from 3 rows, IQ2_S from 4; one-row
+     * groups or 8-row blocks for the others) */
     static const struct { int T, mode; const char *what; } runs[] = {
         {1, GPU_TEST_PLAIN, "x"},
         {2, GPU_TEST_PLAIN, "x"},
