@@ -266,6 +266,79 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
                  : "r"(gg_smem(p)));
 }
 
+/* ---- f16 weights straight from the bits, two an instruction pair ----
+ * A 16-bit lane holding 0x6400 | u (u < 1024) is the half 1024 + u; its
+ * u comes from a byte placed in the lane by a byte permute (lanes 0, 1 of
+ * the word from bytes b, b + 1). Then one subtraction gives the code as an
+ * exact half and one fma (or product) the weight, rounded once. Against
+ * gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits (d·q is
+ * exact in both before the one rounding); Q4_K rounds d·scale and dmin·min
+ * to f16 first, ~2^-11 relative more per 32-weight sub-block. */
+static __device__ __forceinline__ __half2 gg_h2(unsigned u)
+{
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return h;
+}
+
+static __device__ __forceinline__ unsigned gg_u(__half2 h)
+{
+    unsigned u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+/* Q4_K: elements 16·i16 .. +15 of super-block b (4-aligned) into 8 pairs */
+static __device__ __forceinline__ void gg_q4_K_h16(const uint8_t *b, int i16, unsigned out[8])
+{
+    const unsigned *u = (const unsigned *)b;
+    int j = i16 >> 1, sh = 4 * (j & 1), sc, m;
+    gq_k4_scale_min(j, u[1], u[2], u[3], &sc, &m);
+    float d = __half2float(__ushort_as_half((unsigned short)u[0]));
+    float dm = __half2float(__ushort_as_half((unsigned short)(u[0] >> 16)));
+    __half2 ds = __float2half2_rn(d * (float)sc), mn = __float2half2_rn(-dm * (float)m);
+    __half2 k1024 = __float2half2_rn(1024.0f);
+    const unsigned *qs = u + 4 + 8 * (j >> 1) + 4 * (i16 & 1); /* 32 bytes a sub-block pair, nibbles low then high */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned w = qs[i] >> sh;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            unsigned h = (__byte_perm(w, 0, k ? 0x4342 : 0x4140) & 0x000f000fu) | 0x64006400u;
+            out[2 * i + k] = gg_u(__hfma2(__hsub2(gg_h2(h), k1024), ds, mn));
+        }
+    }
+}
+
+/* Q8_0: elements 16·i16 .. +15 of the 8 blocks (34 bytes each) at b
+ * (4-aligned): the codes at 34·blk + 2 + 16·half, 2 bytes off every other
+ * block, realigned with funnel shifts (the word past them is in the raw
+ * row: gg_upr's extra word) */
+static __device__ __forceinline__ void gg_q8_0_h16(const uint8_t *b, int i16, unsigned out[8])
+{
+    const unsigned *u = (const unsigned *)b;
+    int blk = i16 >> 1, dof = 34 * blk, qof = dof + 2 + 16 * (i16 & 1), qsh = 8 * (qof & 3);
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)(u[dof >> 2] >> 8 * (dof & 3))));
+    __half2 k1152 = __float2half2_rn(1152.0f);
+    const unsigned *q = u + (qof >> 2);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned w = __funnelshift_r(q[i], q[i + 1], qsh);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            /* byte c as 0x80 ^ c: the signed code plus 128 */
+            unsigned h = (__byte_perm(w, 0, k ? 0x4342 : 0x4140) ^ 0x00800080u) | 0x64006400u;
+            out[2 * i + k] = gg_u(__hmul2(__hsub2(gg_h2(h), k1152), d));
+        }
+    }
+}
+
+/* Whether gg_mma decodes TYPE with the above (RA 4: superstep rows 4-aligned in shared memory) */
+static __host__ __device__ constexpr bool gg_bits16(int t)
+{
+    return t == QT_Q4_K || t == QT_Q8_0;
+}
+
 #endif
 
 /* The pipeline: GG_SA activation k-tiles in flight (cp.async groups, one
@@ -373,6 +446,13 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
 #pragma unroll
         for (int c = 0; c < CPT; c++) {
             int ci = tid * CPT + c;
+            if constexpr (gg_bits16(TYPE) && RA == 4) {
+                if (TYPE == QT_Q4_K)
+                    gg_q4_K_h16(rowp, 2 * sub + (ci & 1), &wreg[8 * c]);
+                else
+                    gg_q8_0_h16(rowp, 2 * sub + (ci & 1), &wreg[8 * c]);
+                continue;
+            }
             float f[16];
             gq_dequant16_al<RA>(TYPE, rowp, 2 * sub + (ci & 1), f);
 #pragma unroll
