@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
     constexpr int NSUB = gg_nsub(TYPE), RB = gg_rb(TYPE), UPR = gg_upr(TYPE), RS = gg_rs(TYPE);
     constexpr int M = gg_m(TYPE), RR = gg_rr(TYPE);
     constexpr int CPT = 2 * GG_BN / NTH;               /* 16-element chunks per thread per k-tile */
-    constexpr int RPW = GG_BN / (NTH / 32), RPS = (RPW + M - 1) / M; /* raw rows a warp copies, a slice */
+    constexpr int SLICE = (GG_BN * UPR + M - 1) / M;   /* raw words issued per iteration */
     static_assert((RR - 1) * NSUB >= SA + M - 2 && M <= NSUB, "raw superstep ring too short");
     extern __shared__ __align__(16) unsigned char gg_sm[];
     __half(*sa)[BM][GG_LD] = (__half(*)[BM][GG_LD])gg_sm;                             /* (SA, BM, k) */
@@ -413,25 +413,31 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
     constexpr int RA = RB % 4 == 0 ? 4 : 2;
     int wr = (tid * CPT) >> 1;
 
-    /* raw words of local superstep S, slice sl of M: the warp's rows
-     * sl·RPS .. of its RPW, a row at a time, lane u copying words u, u + 32
-     * (consecutive words: one coalesced request a round; the addresses
-     * worked out once a row, not once a word, where they were a third of
-     * the kernel's instructions: BENCH.md, forty-fifth pass). Every row's
-     * superstep lies at the same shift sh from a word; clamped rows are
-     * read but never stored. */
+    /* raw words of local superstep S, slice sl of M: word e = r·UPR + u of
+     * the tile's rows, thread tid taking e = sl·SLICE + tid, + NTH, ...
+     * (consecutive threads, consecutive words: coalesced). The first word's
+     * row and place come from one division a slice; each next one's by
+     * adding NTH's quotient and remainder, a carry past the row's end (a
+     * division and a few 64-bit products a word were a third of the
+     * kernel's instructions: BENCH.md, forty-fifth pass). Every row's
+     * superstep lies at the same shift sh from a word; rows past the
+     * matrix are not copied (their columns of the tile are never stored). */
     auto issue_raw = [&](int S, int sl) {
+        constexpr int DR = NTH / UPR, DU = NTH % UPR;
         size_t off = (size_t)(s0 + S) * RB;
-        int sh = (int)(off & 3), j1 = min((sl + 1) * RPS, RPW);
-        for (int j = sl * RPS; j < j1; j++) {
-            int r = warp * RPW + j;
-            const uint8_t *src = w + (size_t)min(n0 + r, rows - 1) * ldw + (off - sh);
-            unsigned *dst = raw + ((S % RR) * GG_BN + r) * RS;
-#pragma unroll
-            for (int u = lane; u < UPR; u += 32) {
-                int left = sh + RB - 4 * u;
-                if (left > 0)
-                    gg_cp4(dst + u, src + 4 * u, min(left, 4));
+        int sh = (int)(off & 3), e = sl * SLICE + tid, e1 = min((sl + 1) * SLICE, GG_BN * UPR);
+        int r = e / UPR, u = e % UPR;
+        const uint8_t *src = w + (size_t)(n0 + r) * ldw + (off - sh) + 4 * u;
+        unsigned *dst = raw + (S % RR) * GG_BN * RS;
+        for (; e < e1; e += NTH) {
+            int left = sh + RB - 4 * u;
+            if (left > 0 && n0 + r < rows)
+                gg_cp4(dst + r * RS + u, src, min(left, 4));
+            r += DR, u += DU;
+            src += DR * ldw + 4 * DU;
+            if (u >= UPR) {
+                u -= UPR, r++;
+                src += (ptrdiff_t)ldw - 4 * UPR;
             }
         }
     };
