@@ -19,8 +19,9 @@
  * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
  * Numerics of the cuBLAS and mma paths: f16 activations and weights
- * (relative rounding 2^-11 each), f32 sums; |x| and |w| must stay below
- * f16's 65504.
+ * (relative rounding 2^-11 each; the mma kernel's Q4_K weights also carry
+ * their sub-block factors rounded to f16), f32 sums; |x| and |w| must stay
+ * below f16's 65504.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -266,14 +267,15 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
                  : "r"(gg_smem(p)));
 }
 
-/* ---- f16 weights straight from the bits, two an instruction pair ----
- * A 16-bit lane holding 0x6400 | u (u < 1024) is the half 1024 + u; its
- * u comes from a byte placed in the lane by a byte permute (lanes 0, 1 of
- * the word from bytes b, b + 1). Then one subtraction gives the code as an
- * exact half and one fma (or product) the weight, rounded once. Against
- * gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits (d·q is
- * exact in both before the one rounding); Q4_K rounds d·scale and dmin·min
- * to f16 first, ~2^-11 relative more per 32-weight sub-block. */
+/* ---- Q4_K and Q8_0 chunks for gg_mma: f16 weights straight from the bits ----
+ * (Both types' supersteps lie 4-aligned in shared memory.) A 16-bit lane
+ * holding 0x6400 | u (u < 1024) is the half 1024 + u; its u comes from a
+ * byte placed in the lane by a byte permute (lanes 0, 1 of the word from
+ * bytes b, b + 1). Then one subtraction gives the code as an exact half
+ * and one fma (or product) the weight, rounded once. Against gq_dequant16
+ * (f32, then rounded to f16): Q8_0 the same bits (d·q is exact in both
+ * before the one rounding); Q4_K rounds d·scale and dmin·min to f16 first,
+ * ~2^-11 relative more per 32-weight sub-block. */
 static __device__ __forceinline__ __half2 gg_h2(unsigned u)
 {
     __half2 h;
@@ -331,12 +333,6 @@ static __device__ __forceinline__ void gg_q8_0_h16(const uint8_t *b, int i16, un
             out[2 * i + k] = gg_u(__hmul2(__hsub2(gg_h2(h), k1152), d));
         }
     }
-}
-
-/* Whether gg_mma decodes TYPE with the above (RA 4: superstep rows 4-aligned in shared memory) */
-static __host__ __device__ constexpr bool gg_bits16(int t)
-{
-    return t == QT_Q4_K || t == QT_Q8_0;
 }
 
 #endif
@@ -418,8 +414,8 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
      * (consecutive threads, consecutive words: coalesced). The first word's
      * row and place come from one division a slice; each next one's by
      * adding NTH's quotient and remainder, a carry past the row's end (a
-     * division and a few 64-bit products a word were a third of the
-     * kernel's instructions: BENCH.md, forty-fifth pass). Every row's
+     * division and 64-bit products for every word, ~35 instructions, were
+     * about a third of the kernel's: BENCH.md, forty-fifth pass). Every row's
      * superstep lies at the same shift sh from a word; rows past the
      * matrix are not copied (their columns of the tile are never stored). */
     auto issue_raw = [&](int S, int sl) {
@@ -460,19 +456,19 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
 #pragma unroll
         for (int c = 0; c < CPT; c++) {
             int ci = tid * CPT + c;
-            if constexpr (gg_bits16(TYPE) && RA == 4) {
-                if (TYPE == QT_Q4_K)
-                    gg_q4_K_h16(rowp, 2 * sub + (ci & 1), &wreg[8 * c]);
-                else
-                    gg_q8_0_h16(rowp, 2 * sub + (ci & 1), &wreg[8 * c]);
-                continue;
-            }
-            float f[16];
-            gq_dequant16_al<RA>(TYPE, rowp, 2 * sub + (ci & 1), f);
+            int i16 = 2 * sub + (ci & 1);
+            if constexpr (TYPE == QT_Q4_K) {
+                gg_q4_K_h16(rowp, i16, &wreg[8 * c]);
+            } else if constexpr (TYPE == QT_Q8_0) {
+                gg_q8_0_h16(rowp, i16, &wreg[8 * c]);
+            } else {
+                float f[16];
+                gq_dequant16_al<RA>(TYPE, rowp, i16, f);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
-                wreg[8 * c + j] = *(unsigned *)&h;
+                for (int j = 0; j < 8; j++) {
+                    __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+                    wreg[8 * c + j] = *(unsigned *)&h;
+                }
             }
         }
     };
