@@ -275,7 +275,9 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
  * and one fma (or product) the weight, rounded once. Against gq_dequant16
  * (f32, then rounded to f16): Q8_0 the same bits (d·q is exact in both
  * before the one rounding); Q4_K rounds d·scale and dmin·min to f16 first,
- * ~2^-11 relative more per 32-weight sub-block. */
+ * so a weight near zero, where the two cancel, carries ~2^-12 of them
+ * (gpu/gemm's Q4_K error against FP64 2.8e-4 -> 6.2e-4: BENCH.md,
+ * forty-fifth pass). */
 static __device__ __forceinline__ __half2 gg_h2(unsigned u)
 {
     __half2 h;
