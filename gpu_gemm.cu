@@ -19,9 +19,9 @@
  * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
  * Numerics of the cuBLAS and mma paths: f16 activations and weights
- * (relative rounding 2^-11 each; the mma kernel's Q4_K weights also carry
- * their sub-block factors rounded to f16), f32 sums; |x| and |w| must stay
- * below f16's 65504.
+ * (relative rounding 2^-11 each; the mma kernel's Q6_K weights also carry
+ * their d·scale rounded to f16), f32 sums; |x| and |w| must stay below
+ * f16's 65504.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -267,17 +267,20 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
                  : "r"(gg_smem(p)));
 }
 
-/* ---- Q4_K and Q8_0 chunks for gg_mma: f16 weights straight from the bits ----
- * (Both types' supersteps lie 4-aligned in shared memory.) A 16-bit lane
- * holding 0x6400 | u (u < 1024) is the half 1024 + u; its u comes from a
- * byte placed in the lane by a byte permute (lanes 0, 1 of the word from
- * bytes b, b + 1). Then one subtraction gives the code as an exact half
- * and one fma (or product) the weight, rounded once. Against gq_dequant16
- * (f32, then rounded to f16): Q8_0 the same bits (d·q is exact in both
- * before the one rounding); Q4_K rounds d·scale and dmin·min to f16 first,
- * so a weight near zero, where the two cancel, carries ~2^-12 of them
- * (gpu/gemm's Q4_K error against FP64 2.8e-4 -> 6.2e-4: BENCH.md,
- * forty-fifth pass). */
+/* ---- K-quant and Q8_0 chunks for gg_mma: f16 weights straight from the bits ----
+ * A 16-bit lane holding 0x6400 | u (u < 1024) is the half 1024 + u; its u
+ * comes from bytes placed in the lane by a byte permute (lanes 0, 1 of the
+ * word from bytes 2k, 2k + 1: gg_lanes). Then one subtraction gives the code
+ * as an exact half (less Q6_K's 32 or Q8_0's 128, folded into the constant)
+ * and an fma or product the weight. A thread's chunks of a k-tile lie in one
+ * 32-element sub-block, so the factors are formed once a k-tile (Q4_K, Q5_K,
+ * Q8_0). Against gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits
+ * (d·q is exact before the one rounding); Q6_K's d·scale is rounded to f16
+ * first; Q4_K and Q5_K take d·scale and dmin·min as f16 hi + lo, as their
+ * difference near zero would carry each factor's rounding otherwise (2^-12
+ * of the factor: gpu/gemm's Q4_K error against FP64 2.8e-4 -> 6.2e-4 in the
+ * forty-fifth pass). Each within 1 ulp of the weight (BENCH.md, forty-sixth
+ * pass). */
 static __device__ __forceinline__ __half2 gg_h2(unsigned u)
 {
     __half2 h;
@@ -292,46 +295,100 @@ static __device__ __forceinline__ unsigned gg_u(__half2 h)
     return u;
 }
 
-/* Q4_K: elements 16·i16 .. +15 of super-block b (4-aligned) into 8 pairs */
-static __device__ __forceinline__ void gg_q4_K_h16(const uint8_t *b, int i16, unsigned out[8])
+/* bytes 2k and 2k + 1 of w in the low bytes of its two 16-bit lanes */
+static __device__ __forceinline__ unsigned gg_lanes(unsigned w, int k)
 {
-    const unsigned *u = (const unsigned *)b;
-    int j = i16 >> 1, sh = 4 * (j & 1), sc, m;
+    return __byte_perm(w, 0, k ? 0x4342 : 0x4140);
+}
+
+/* word i of bytes that start sh8 / 8 bytes into the aligned words a (the
+ * word past them is in the raw row: gg_upr's extra word) */
+static __device__ __forceinline__ unsigned gg_w2(const unsigned *a, int i, int sh8)
+{
+    return __funnelshift_r(a[i], a[i + 1], sh8);
+}
+
+/* Q4_K / Q5_K: sub-block j's d·scale and −dmin·min (exact in f32) as f16
+ * pairs hi + lo */
+struct gg_k45 {
+    __half2 dh, dl, mh, ml;
+};
+
+static __device__ __forceinline__ gg_k45 gg_k45_of(const unsigned *u, int j)
+{
+    int sc, m;
     gq_k4_scale_min(j, u[1], u[2], u[3], &sc, &m);
-    float d = __half2float(__ushort_as_half((unsigned short)u[0]));
-    float dm = __half2float(__ushort_as_half((unsigned short)(u[0] >> 16)));
-    __half2 ds = __float2half2_rn(d * (float)sc), mn = __float2half2_rn(-dm * (float)m);
+    float d = __half2float(__ushort_as_half((unsigned short)u[0])) * (float)sc;
+    float mn = -__half2float(__ushort_as_half((unsigned short)(u[0] >> 16))) * (float)m;
+    __half dh = __float2half_rn(d), mh = __float2half_rn(mn);
+    return {__half2half2(dh), __float2half2_rn(d - __half2float(dh)), __half2half2(mh),
+            __float2half2_rn(mn - __half2float(mh))};
+}
+
+/* Q4_K / Q5_K: elements 16·i16 .. +15 of the super-block at u (aligned)
+ * into 8 pairs; Q5_K's fifth bit is bit j of the qh byte beside the code */
+template <bool Q5>
+static __device__ __forceinline__ void gg_q45_K_h16(const unsigned *u, const gg_k45 &f, int i16, unsigned out[8])
+{
+    int j = i16 >> 1, sh = 4 * (j & 1);
+    const unsigned *qs = u + (Q5 ? 12 : 4) + 8 * (j >> 1) + 4 * (i16 & 1); /* 32 bytes a sub-block pair */
+    const unsigned *qh = u + 4 + 4 * (i16 & 1);
     __half2 k1024 = __float2half2_rn(1024.0f);
-    const unsigned *qs = u + 4 + 8 * (j >> 1) + 4 * (i16 & 1); /* 32 bytes a sub-block pair, nibbles low then high */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        unsigned w = qs[i] >> sh;
+        unsigned w = qs[i] >> sh, hb = Q5 ? qh[i] >> j : 0;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
-            unsigned h = (__byte_perm(w, 0, k ? 0x4342 : 0x4140) & 0x000f000fu) | 0x64006400u;
-            out[2 * i + k] = gg_u(__hfma2(__hsub2(gg_h2(h), k1024), ds, mn));
+            unsigned h = (gg_lanes(w, k) & 0x000f000fu) | 0x64006400u;
+            if (Q5)
+                h |= (gg_lanes(hb, k) & 0x00010001u) << 4;
+            __half2 q = __hsub2(gg_h2(h), k1024);
+            out[2 * i + k] = gg_u(__hadd2(__hfma2(q, f.dh, f.mh), __hfma2(q, f.dl, f.ml)));
         }
     }
 }
 
-/* Q8_0: elements 16·i16 .. +15 of the 8 blocks (34 bytes each) at b
- * (4-aligned): the codes at 34·blk + 2 + 16·half, 2 bytes off every other
- * block, realigned with funnel shifts (the word past them is in the raw
- * row: gg_upr's extra word) */
-static __device__ __forceinline__ void gg_q8_0_h16(const uint8_t *b, int i16, unsigned out[8])
+/* Q6_K: elements 16·i16 .. +15 of the 210-byte super-block that starts
+ * sh8 / 8 bytes into the aligned words u: 4 low bits from ql, 2 from qh,
+ * the code less 32 (1056 off the half) times d·scale[i16] */
+static __device__ __forceinline__ void gg_q6_K_h16(const unsigned *u, int sh8, int i16, unsigned out[8])
 {
-    const unsigned *u = (const unsigned *)b;
-    int blk = i16 >> 1, dof = 34 * blk, qof = dof + 2 + 16 * (i16 & 1), qsh = 8 * (qof & 3);
-    __half2 d = __half2half2(__ushort_as_half((unsigned short)(u[dof >> 2] >> 8 * (dof & 3))));
-    __half2 k1152 = __float2half2_rn(1152.0f);
-    const unsigned *q = u + (qof >> 2);
+    int hf = i16 >> 3, p = (i16 & 7) >> 1, l0 = 4 * (i16 & 1);
+    int ql = 16 * hf + 8 * (p & 1) + l0, qh = 32 + 8 * hf + l0, shl = 4 * (p >> 1), shh = 2 * p;
+    float d = __half2float(__ushort_as_half((unsigned short)gg_w2(u, 52, sh8)));
+    int sc = (signed char)(gg_w2(u, 48 + (i16 >> 2), sh8) >> 8 * (i16 & 3));
+    __half2 ds = __float2half2_rn(d * (float)sc), k1056 = __float2half2_rn(1056.0f);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        unsigned w = __funnelshift_r(q[i], q[i + 1], qsh);
+        unsigned lo = gg_w2(u, ql + i, sh8) >> shl, hi = gg_w2(u, qh + i, sh8) >> shh;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            unsigned h = (gg_lanes(lo, k) & 0x000f000fu) | (gg_lanes(hi, k) & 0x00030003u) << 4 | 0x64006400u;
+            out[2 * i + k] = gg_u(__hmul2(__hsub2(gg_h2(h), k1056), ds));
+        }
+    }
+}
+
+/* Q8_0: block blk's d of the 8 blocks (34 bytes each) at u (aligned) */
+static __device__ __forceinline__ __half2 gg_q8_0_d(const unsigned *u, int blk)
+{
+    int dof = 34 * blk;
+    return __half2half2(__ushort_as_half((unsigned short)(u[dof >> 2] >> 8 * (dof & 3))));
+}
+
+/* Q8_0: elements 16·i16 .. +15 of those blocks: the codes at
+ * 34·blk + 2 + 16·half, 2 bytes off every other block */
+static __device__ __forceinline__ void gg_q8_0_h16(const unsigned *u, __half2 d, int i16, unsigned out[8])
+{
+    int qof = 34 * (i16 >> 1) + 2 + 16 * (i16 & 1);
+    __half2 k1152 = __float2half2_rn(1152.0f);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned w = gg_w2(u, (qof >> 2) + i, 8 * (qof & 3));
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             /* byte c as 0x80 ^ c: the signed code plus 128 */
-            unsigned h = (__byte_perm(w, 0, k ? 0x4342 : 0x4140) ^ 0x00800080u) | 0x64006400u;
+            unsigned h = (gg_lanes(w, k) ^ 0x00800080u) | 0x64006400u;
             out[2 * i + k] = gg_u(__hmul2(__hsub2(gg_h2(h), k1152), d));
         }
     }
@@ -452,25 +509,32 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
             gg_cp16(&sa[st][r][8 * cc], xh + (size_t)min(m0 + r, T - 1) * n + (kt0 + kt) * GG_BK + 8 * cc);
         }
     };
+    /* weight tile kt into wreg: chunk c of this thread is i16 = 2·sub + its parity */
     auto dequant_w = [&](int kt) {
-        int S = kt / NSUB, sub = kt % NSUB;
-        const uint8_t *rowp = (const uint8_t *)(raw + (S % RR) * GG_BN * RS + wr * RS) + (((s0 + S) * RB) & 3);
+        int S = kt / NSUB, sub = kt % NSUB, sh = ((s0 + S) * RB) & 3;
+        const unsigned *rw = raw + (S % RR) * GG_BN * RS + wr * RS; /* the superstep, sh bytes in */
+        if constexpr (TYPE == QT_Q4_K || TYPE == QT_Q5_K) { /* (144 and 176 bytes: sh == 0) */
+            gg_k45 f = gg_k45_of(rw, sub);
 #pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            int ci = tid * CPT + c;
-            int i16 = 2 * sub + (ci & 1);
-            if constexpr (TYPE == QT_Q4_K) {
-                gg_q4_K_h16(rowp, i16, &wreg[8 * c]);
-            } else if constexpr (TYPE == QT_Q8_0) {
-                gg_q8_0_h16(rowp, i16, &wreg[8 * c]);
-            } else {
+            for (int c = 0; c < CPT; c++)
+                gg_q45_K_h16<TYPE == QT_Q5_K>(rw, f, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+        } else if constexpr (TYPE == QT_Q8_0) {            /* (272 bytes: sh == 0) */
+            __half2 d = gg_q8_0_d(rw, sub);
+#pragma unroll
+            for (int c = 0; c < CPT; c++)
+                gg_q8_0_h16(rw, d, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+        } else if constexpr (TYPE == QT_Q6_K) {
+#pragma unroll
+            for (int c = 0; c < CPT; c++)
+                gg_q6_K_h16(rw, 8 * sh, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) {
                 float f[16];
-                gq_dequant16_al<RA>(TYPE, rowp, i16, f);
+                gq_dequant16_al<RA>(TYPE, (const uint8_t *)rw + sh, 2 * sub + ((tid * CPT + c) & 1), f);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
-                    wreg[8 * c + j] = *(unsigned *)&h;
-                }
+                for (int j = 0; j < 8; j++)
+                    wreg[8 * c + j] = gg_u(__floats2half2_rn(f[2 * j], f[2 * j + 1]));
             }
         }
     };

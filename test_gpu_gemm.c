@@ -436,13 +436,14 @@ static void tg_bench(void)
 {
     if (!test_begin_gpu("gpu/gemm/bench-8b"))
         return;
-    static const int btypes[] = {QT_Q4_K, QT_Q8_0, QT_F16}; /* F16: the same kernel with the least decoding */
+    /* F16: the same kernel with the least decoding; Q5_K and Q6_K: a Q4_K_M or Q5_K_M file's others */
+    static const int btypes[] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q5_K, QT_Q6_K};
     static const int shapes[][3] = {{4096, 12288, 2}, {12288, 4096, 1}, {4096, 4096, 2}, {4096, 1024, 2}};
     static const int Ts[] = {512, 4096};
     const double peak = 990e12;
     char err[256] = "";
     unsigned st = 4242u;
-    for (int bi = 0; bi < 3; bi++) {
+    for (int bi = 0; bi < (int)(sizeof btypes / sizeof *btypes); bi++) {
         int type = btypes[bi];
         const char *tn = quant_type(type)->name;
         double layer_ms[2] = {0, 0}, layer_own[2] = {0, 0}, layer_best[2] = {0, 0};
