@@ -4176,12 +4176,13 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
  * GF_MVX_BYTES in each (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
  * comparisons). Each tile of 32 rows reads the expert's weights again,
  * where gpu_gemm's f16 tiles pay off with more rows, so the crossing
- * falls with the weights' bytes: on the H200's 30B-A3B gf_mvx_kernel
- * ran 1.08 times gpu_gemm's speed at 64 rows an expert in Q4_K (36
- * bytes), 0.86 times in Q8_0 (68), both slower at 128, and faster in
- * both at 32 (Q8_0: 34 bytes; BENCH.md, twenty-ninth and thirty-first
- * passes). */
-#define GF_MVX_BYTES 36.0
+ * falls with the weights' bytes: on the H200's 30B-A3B gpu_gemm ran at
+ * 64 rows an expert (36 bytes in the 4.5-bit types) level with
+ * gf_mvx_kernel in Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in
+ * Q4_0; gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34
+ * bytes; BENCH.md, twenty-ninth, thirty-first, forty-fifth and
+ * forty-sixth passes). */
+#define GF_MVX_BYTES 35.0
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };

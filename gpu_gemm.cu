@@ -232,6 +232,12 @@ static __host__ __device__ constexpr int gg_sup(int t) { return gg_blck(t) == 1 
 static __host__ __device__ constexpr int gg_rb(int t) { return gg_sup(t) / gg_blck(t) * gq_bsize(t); }
 static __host__ __device__ constexpr int gg_upr(int t) { return (gg_rb(t) + 3) / 4 + 1; }
 static __host__ __device__ constexpr int gg_rs(int t) { return gg_upr(t) | 1; }
+/* The alignment gg_mma asks of w, ldw and an expert's stride: 4 where a
+ * superstep is whole words, else 2 (Q6_K's 210 bytes, Q3_K's and the
+ * lattices'), as their rows of an odd count of supersteps (the 30B-A3B's
+ * 768-wide down experts, 630 bytes in Q6_K) start 2 bytes off a word every
+ * other row. */
+static __host__ __device__ constexpr int gg_al(int t) { return gg_rb(t) % 4 == 0 ? 4 : 2; }
 
 /* x (T, n) f32 -> xh (T, n) f16 (the mma kernel's A), pairs = T * n / 2. */
 __global__ void gg_to_half(const float2 *x, size_t pairs, __half2 *xh)
@@ -276,11 +282,11 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
  * 32-element sub-block, so the factors are formed once a k-tile (Q4_K, Q5_K,
  * Q8_0). Against gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits
  * (d·q is exact before the one rounding); Q6_K's d·scale is rounded to f16
- * first; Q4_K and Q5_K take d·scale and dmin·min as f16 hi + lo, as their
- * difference near zero would carry each factor's rounding otherwise (2^-12
- * of the factor: gpu/gemm's Q4_K error against FP64 2.8e-4 -> 6.2e-4 in the
- * forty-fifth pass). Each within 1 ulp of the weight (BENCH.md, forty-sixth
- * pass). */
+ * first; Q4_K and Q5_K form code·scale exactly and take dmin·min as f16
+ * hi + lo, as their difference near zero would carry each factor's rounding
+ * otherwise (2^-12 of the factor: gpu/gemm's Q4_K error against FP64
+ * 2.8e-4 -> 6.2e-4 in the forty-fifth pass). Each within 1 ulp of the
+ * weight (BENCH.md, forty-sixth pass). */
 static __device__ __forceinline__ __half2 gg_h2(unsigned u)
 {
     __half2 h;
@@ -308,32 +314,35 @@ static __device__ __forceinline__ unsigned gg_w2(const unsigned *a, int i, int s
     return __funnelshift_r(a[i], a[i + 1], sh8);
 }
 
-/* Q4_K / Q5_K: sub-block j's d·scale and −dmin·min (exact in f32) as f16
- * pairs hi + lo */
+/* Q4_K / Q5_K: sub-block j's factors: its scale sc and −1024·sc (exact
+ * halves: sc < 64), the super-block's d (a half), and −dmin·m (exact in
+ * f32) as f16 hi + lo */
 struct gg_k45 {
-    __half2 dh, dl, mh, ml;
+    __half2 sc, sc1024, d, mh, ml;
 };
 
 static __device__ __forceinline__ gg_k45 gg_k45_of(const unsigned *u, int j)
 {
     int sc, m;
     gq_k4_scale_min(j, u[1], u[2], u[3], &sc, &m);
-    float d = __half2float(__ushort_as_half((unsigned short)u[0])) * (float)sc;
     float mn = -__half2float(__ushort_as_half((unsigned short)(u[0] >> 16))) * (float)m;
-    __half dh = __float2half_rn(d), mh = __float2half_rn(mn);
-    return {__half2half2(dh), __float2half2_rn(d - __half2float(dh)), __half2half2(mh),
+    __half mh = __float2half_rn(mn);
+    return {__float2half2_rn((float)sc), __float2half2_rn(-1024.0f * (float)sc),
+            __half2half2(__ushort_as_half((unsigned short)u[0])), __half2half2(mh),
             __float2half2_rn(mn - __half2float(mh))};
 }
 
 /* Q4_K / Q5_K: elements 16·i16 .. +15 of the super-block at u (aligned)
- * into 8 pairs; Q5_K's fifth bit is bit j of the qh byte beside the code */
+ * into 8 pairs; Q5_K's fifth bit is bit j of the qh byte beside the code.
+ * (1024 + q)·sc − 1024·sc in one fma is q·sc exactly (an integer below
+ * 2048; the fma rounds once, after the sum); then q·sc·d − dmin·m rounds
+ * once, and its lo once more: within 1 ulp of the weight. */
 template <bool Q5>
 static __device__ __forceinline__ void gg_q45_K_h16(const unsigned *u, const gg_k45 &f, int i16, unsigned out[8])
 {
     int j = i16 >> 1, sh = 4 * (j & 1);
     const unsigned *qs = u + (Q5 ? 12 : 4) + 8 * (j >> 1) + 4 * (i16 & 1); /* 32 bytes a sub-block pair */
     const unsigned *qh = u + 4 + 4 * (i16 & 1);
-    __half2 k1024 = __float2half2_rn(1024.0f);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         unsigned w = qs[i] >> sh, hb = Q5 ? qh[i] >> j : 0;
@@ -342,8 +351,8 @@ static __device__ __forceinline__ void gg_q45_K_h16(const unsigned *u, const gg_
             unsigned h = (gg_lanes(w, k) & 0x000f000fu) | 0x64006400u;
             if (Q5)
                 h |= (gg_lanes(hb, k) & 0x00010001u) << 4;
-            __half2 q = __hsub2(gg_h2(h), k1024);
-            out[2 * i + k] = gg_u(__hadd2(__hfma2(q, f.dh, f.mh), __hfma2(q, f.dl, f.ml)));
+            __half2 qsc = __hfma2(gg_h2(h), f.sc, f.sc1024);
+            out[2 * i + k] = gg_u(__hadd2(__hfma2(qsc, f.d, f.mh), f.ml));
         }
     }
 }
@@ -433,8 +442,8 @@ static __host__ __device__ constexpr size_t gg_smem_bytes(int type, int bm)
  * (row-major tokens x k), B is W (each weight row k-contiguous = B's "col"
  * layout), both read with ldmatrix. Split-K: block z of gridDim.z sums the
  * supersteps [z * ns / Z, (z + 1) * ns / Z) into y + z * ysplit. Requires n
- * a multiple of gg_sup(TYPE), gridDim.z <= n / gg_sup(TYPE), w and ldw
- * 4-byte aligned (the host checks). */
+ * a multiple of gg_sup(TYPE), gridDim.z <= n / gg_sup(TYPE), w, ldw and
+ * gr.estride multiples of gg_al(TYPE) (the host checks). */
 template <int TYPE, int WM, int MT>
 __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, int n, int rows,
                                                   const __half *xh, int T, float *y, size_t ldy, size_t ysplit,
@@ -463,9 +472,10 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
     float acc[MT][NT][4] = {};
     unsigned wreg[CPT * 8];
     /* this thread's weight row: chunks ci = tid*CPT + c all lie in row
-     * (tid*CPT) >> 1; rows start 4-byte aligned (the host checks), so
-     * superstep S's bytes sit at shift (S * RB) & 3 in the shared row */
-    constexpr int RA = RB % 4 == 0 ? 4 : 2;
+     * (tid*CPT) >> 1. A row's superstep is copied from the word its first
+     * byte lies in, so it sits in the shared row at that byte's address & 3
+     * (0 where RA is 4). */
+    constexpr int RA = gg_al(TYPE);
     int wr = (tid * CPT) >> 1;
 
     /* raw words of local superstep S, slice sl of M: word e = r·UPR + u of
@@ -474,25 +484,24 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
      * row and place come from one division a slice; each next one's by
      * adding NTH's quotient and remainder, a carry past the row's end (a
      * division and 64-bit products for every word, ~35 instructions, were
-     * about a third of the kernel's: BENCH.md, forty-fifth pass). Every row's
-     * superstep lies at the same shift sh from a word; rows past the
-     * matrix are not copied (their columns of the tile are never stored). */
+     * about a third of the kernel's: BENCH.md, forty-fifth pass). Rows
+     * past the matrix are not copied (their columns of the tile are never
+     * stored). */
     auto issue_raw = [&](int S, int sl) {
         constexpr int DR = NTH / UPR, DU = NTH % UPR;
-        size_t off = (size_t)(s0 + S) * RB;
-        int sh = (int)(off & 3), e = sl * SLICE + tid, e1 = min((sl + 1) * SLICE, GG_BN * UPR);
+        int e = sl * SLICE + tid, e1 = min((sl + 1) * SLICE, GG_BN * UPR);
         int r = e / UPR, u = e % UPR;
-        const uint8_t *src = w + (size_t)(n0 + r) * ldw + (off - sh) + 4 * u;
+        const uint8_t *sup = w + (size_t)(n0 + r) * ldw + (size_t)(s0 + S) * RB; /* row r's superstep */
         unsigned *dst = raw + (S % RR) * GG_BN * RS;
         for (; e < e1; e += NTH) {
-            int left = sh + RB - 4 * u;
+            int sh = RA == 4 ? 0 : (int)((uintptr_t)sup & 3), left = sh + RB - 4 * u;
             if (left > 0 && n0 + r < rows)
-                gg_cp4(dst + r * RS + u, src, min(left, 4));
+                gg_cp4(dst + r * RS + u, sup - sh + 4 * u, min(left, 4));
             r += DR, u += DU;
-            src += DR * ldw + 4 * DU;
+            sup += DR * ldw;
             if (u >= UPR) {
                 u -= UPR, r++;
-                src += (ptrdiff_t)ldw - 4 * UPR;
+                sup += ldw;
             }
         }
     };
@@ -511,14 +520,15 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
     };
     /* weight tile kt into wreg: chunk c of this thread is i16 = 2·sub + its parity */
     auto dequant_w = [&](int kt) {
-        int S = kt / NSUB, sub = kt % NSUB, sh = ((s0 + S) * RB) & 3;
+        int S = kt / NSUB, sub = kt % NSUB;
+        int sh = RA == 4 ? 0 : (int)((uintptr_t)(w + (size_t)(n0 + wr) * ldw + (size_t)(s0 + S) * RB) & 3);
         const unsigned *rw = raw + (S % RR) * GG_BN * RS + wr * RS; /* the superstep, sh bytes in */
-        if constexpr (TYPE == QT_Q4_K || TYPE == QT_Q5_K) { /* (144 and 176 bytes: sh == 0) */
+        if constexpr (TYPE == QT_Q4_K || TYPE == QT_Q5_K) { /* (RA == 4: sh == 0) */
             gg_k45 f = gg_k45_of(rw, sub);
 #pragma unroll
             for (int c = 0; c < CPT; c++)
                 gg_q45_K_h16<TYPE == QT_Q5_K>(rw, f, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
-        } else if constexpr (TYPE == QT_Q8_0) {            /* (272 bytes: sh == 0) */
+        } else if constexpr (TYPE == QT_Q8_0) {            /* (RA == 4: sh == 0) */
             __half2 d = gg_q8_0_d(rw, sub);
 #pragma unroll
             for (int c = 0; c < CPT; c++)
@@ -822,8 +832,8 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
     const struct quant_type *qt = quant_type(TYPE);
     if (qt->blck != gg_blck(TYPE) || (int)qt->size != gq_bsize(TYPE))
         return strata_errf(err, errlen, "gpu_gemm: %s's layout differs from quant.c's", qt->name);
-    int mma = gg_use_mma(), blas = mma && !gr.offs && gg_blas_ok(n, T) && ldy <= INT_MAX;
-    if ((blas || (mma && n % gg_sup(TYPE) == 0 && ((uintptr_t)w & 3) == 0 && ldw % 4 == 0 && gr.estride % 4 == 0)) &&
+    int mma = gg_use_mma(), blas = mma && !gr.offs && gg_blas_ok(n, T) && ldy <= INT_MAX, al = gg_al(TYPE);
+    if ((blas || (mma && n % gg_sup(TYPE) == 0 && (uintptr_t)w % al == 0 && ldw % al == 0 && gr.estride % al == 0)) &&
         ((uintptr_t)x & 7) == 0) {
         __half *xh = (__half *)scratch;
         size_t pairs = (size_t)T * n / 2; /* n is even here */

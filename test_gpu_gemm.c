@@ -348,11 +348,12 @@ static void tg_gemm_type(int ti)
         return;
     if (!CHECK(gpu_gemm_supports(type), "%s: gpu_gemm_supports says no", qt->name))
         return;
-    static const int Ts[] = {1, 7, 16, 50, 100, 512}, ns[] = {256, 4096}, rowss[] = {64, 1000};
+    /* n = 768: rows of 3 super-blocks, every other one 2 bytes off a word in the 210-, 110-byte types */
+    static const int Ts[] = {1, 7, 16, 50, 100, 512}, ns[] = {256, 768, 4096}, rowss[] = {64, 1000};
     const int maxT = 512, maxrows = 1000;
     struct tg_worst worst[TG_KERNELS] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}};
     unsigned st = 77u + 31u * (unsigned)ti;
-    for (int ni = 0; ni < 2; ni++) {
+    for (int ni = 0; ni < 3; ni++) {
         int n = ns[ni];
         uint8_t *w;
         size_t ldw;
@@ -543,7 +544,7 @@ static void tg_experts(void)
         return;
     static const int types[] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K};
     static const int32_t offs[] = {0, 0, 37, 38, 170, 300, 301};
-    enum { X = 6, ROWS = 200, N = 512, T = 310 };
+    enum { X = 6, ROWS = 200, N = 768, T = 310 }; /* (N: Q6_K rows of 630 bytes, as the 30B-A3B's down) */
     const int kernels[] = {TG_OWN, TG_BM256, TG_TILED};
     size_t ldy = ROWS + 4, ybytes = ldy * T * sizeof(float);
     unsigned st = 4242u;
