@@ -282,11 +282,9 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
  * 32-element sub-block, so the factors are formed once a k-tile (Q4_K, Q5_K,
  * Q8_0). Against gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits
  * (d·q is exact before the one rounding); Q6_K's d·scale is rounded to f16
- * first; Q4_K and Q5_K form code·scale exactly and take dmin·min as f16
- * hi + lo, as their difference near zero would carry each factor's rounding
- * otherwise (2^-12 of the factor: gpu/gemm's Q4_K error against FP64
- * 2.8e-4 -> 6.2e-4 in the forty-fifth pass). Each within 1 ulp of the
- * weight (BENCH.md, forty-sixth pass). */
+ * first; Q4_K and Q5_K form code·scale·d exactly and round dmin·min to f16
+ * first, so a weight near zero, where the two cancel, carries 2^-12 of
+ * dmin·min (BENCH.md, forty-fifth and forty-sixth passes). */
 static __device__ __forceinline__ __half2 gg_h2(unsigned u)
 {
     __half2 h;
@@ -315,10 +313,10 @@ static __device__ __forceinline__ unsigned gg_w2(const unsigned *a, int i, int s
 }
 
 /* Q4_K / Q5_K: sub-block j's factors: its scale sc and −1024·sc (exact
- * halves: sc < 64), the super-block's d (a half), and −dmin·m (exact in
- * f32) as f16 hi + lo */
+ * halves: sc < 64), the super-block's d (a half), and −dmin·m rounded to
+ * f16 */
 struct gg_k45 {
-    __half2 sc, sc1024, d, mh, ml;
+    __half2 sc, sc1024, d, mn;
 };
 
 static __device__ __forceinline__ gg_k45 gg_k45_of(const unsigned *u, int j)
@@ -326,17 +324,15 @@ static __device__ __forceinline__ gg_k45 gg_k45_of(const unsigned *u, int j)
     int sc, m;
     gq_k4_scale_min(j, u[1], u[2], u[3], &sc, &m);
     float mn = -__half2float(__ushort_as_half((unsigned short)(u[0] >> 16))) * (float)m;
-    __half mh = __float2half_rn(mn);
     return {__float2half2_rn((float)sc), __float2half2_rn(-1024.0f * (float)sc),
-            __half2half2(__ushort_as_half((unsigned short)u[0])), __half2half2(mh),
-            __float2half2_rn(mn - __half2float(mh))};
+            __half2half2(__ushort_as_half((unsigned short)u[0])), __float2half2_rn(mn)};
 }
 
 /* Q4_K / Q5_K: elements 16·i16 .. +15 of the super-block at u (aligned)
  * into 8 pairs; Q5_K's fifth bit is bit j of the qh byte beside the code.
  * (1024 + q)·sc − 1024·sc in one fma is q·sc exactly (an integer below
  * 2048; the fma rounds once, after the sum); then q·sc·d − dmin·m rounds
- * once, and its lo once more: within 1 ulp of the weight. */
+ * once, with dmin·m's own rounding in it. */
 template <bool Q5>
 static __device__ __forceinline__ void gg_q45_K_h16(const unsigned *u, const gg_k45 &f, int i16, unsigned out[8])
 {
@@ -352,7 +348,7 @@ static __device__ __forceinline__ void gg_q45_K_h16(const unsigned *u, const gg_
             if (Q5)
                 h |= (gg_lanes(hb, k) & 0x00010001u) << 4;
             __half2 qsc = __hfma2(gg_h2(h), f.sc, f.sc1024);
-            out[2 * i + k] = gg_u(__hadd2(__hfma2(qsc, f.d, f.mh), f.ml));
+            out[2 * i + k] = gg_u(__hfma2(qsc, f.d, f.mn));
         }
     }
 }
