@@ -19,9 +19,9 @@
  * but for the cuBLAS handle, made once per process.
  * Shapes: T tokens (x rows), n the shared dimension, rows the weight rows.
  * Numerics of the cuBLAS and mma paths: f16 activations and weights
- * (relative rounding 2^-11 each; the mma kernel's Q6_K weights also carry
- * their d·scale rounded to f16), f32 sums; |x| and |w| must stay below
- * f16's 65504.
+ * (relative rounding 2^-11 each; the mma kernel's K-quant weights also
+ * carry one factor rounded to f16: Q6_K's d·scale, Q4_K's and Q5_K's
+ * dmin·min), f32 sums; |x| and |w| must stay below f16's 65504.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -277,8 +277,9 @@ static __device__ __forceinline__ void gg_ldm4(unsigned r[4], const void *p)
  * A 16-bit lane holding 0x6400 | u (u < 1024) is the half 1024 + u; its u
  * comes from bytes placed in the lane by a byte permute (lanes 0, 1 of the
  * word from bytes 2k, 2k + 1: gg_lanes). Then one subtraction gives the code
- * as an exact half (less Q6_K's 32 or Q8_0's 128, folded into the constant)
- * and an fma or product the weight. A thread's chunks of a k-tile lie in one
+ * as an exact half (less Q6_K's 32 or Q8_0's 128, folded into the constant;
+ * for Q4_K and Q5_K one fma gives code·scale) and an fma or product the
+ * weight. A thread's chunks of a k-tile lie in one
  * 32-element sub-block, so the factors are formed once a k-tile (Q4_K, Q5_K,
  * Q8_0). Against gq_dequant16 (f32, then rounded to f16): Q8_0 the same bits
  * (d·q is exact before the one rounding); Q6_K's d·scale is rounded to f16
