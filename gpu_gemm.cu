@@ -488,17 +488,18 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
         constexpr int DR = NTH / UPR, DU = NTH % UPR;
         int e = sl * SLICE + tid, e1 = min((sl + 1) * SLICE, GG_BN * UPR);
         int r = e / UPR, u = e % UPR;
-        const uint8_t *sup = w + (size_t)(n0 + r) * ldw + (size_t)(s0 + S) * RB; /* row r's superstep */
+        /* 4·u bytes into row r's superstep; its word starts sh bytes before */
+        const uint8_t *src = w + (size_t)(n0 + r) * ldw + (size_t)(s0 + S) * RB + 4 * u;
         unsigned *dst = raw + (S % RR) * GG_BN * RS;
         for (; e < e1; e += NTH) {
-            int sh = RA == 4 ? 0 : (int)((uintptr_t)sup & 3), left = sh + RB - 4 * u;
+            int sh = RA == 4 ? 0 : (int)((uintptr_t)src & 3), left = sh + RB - 4 * u;
             if (left > 0 && n0 + r < rows)
-                gg_cp4(dst + r * RS + u, sup - sh + 4 * u, min(left, 4));
+                gg_cp4(dst + r * RS + u, src - sh, min(left, 4));
             r += DR, u += DU;
-            sup += DR * ldw;
+            src += DR * ldw + 4 * DU;
             if (u >= UPR) {
                 u -= UPR, r++;
-                sup += ldw;
+                src += (ptrdiff_t)ldw - 4 * UPR;
             }
         }
     };
