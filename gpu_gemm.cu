@@ -516,30 +516,31 @@ __global__ void __launch_bounds__(64 * WM) gg_mma(const uint8_t *w, size_t ldw, 
             gg_cp16(&sa[st][r][8 * cc], xh + (size_t)min(m0 + r, T - 1) * n + (kt0 + kt) * GG_BK + 8 * cc);
         }
     };
-    /* weight tile kt into wreg: chunk c of this thread is i16 = 2·sub + its parity */
+    /* weight tile kt into wreg: chunk c of this thread is i16(c), 2·sub + its parity */
     auto dequant_w = [&](int kt) {
         int S = kt / NSUB, sub = kt % NSUB;
         int sh = RA == 4 ? 0 : (int)((uintptr_t)(w + (size_t)(n0 + wr) * ldw + (size_t)(s0 + S) * RB) & 3);
         const unsigned *rw = raw + (S % RR) * GG_BN * RS + wr * RS; /* the superstep, sh bytes in */
+        auto i16 = [&](int c) { return 2 * sub + ((tid * CPT + c) & 1); };
         if constexpr (TYPE == QT_Q4_K || TYPE == QT_Q5_K) { /* (RA == 4: sh == 0) */
             gg_k45 f = gg_k45_of(rw, sub);
 #pragma unroll
             for (int c = 0; c < CPT; c++)
-                gg_q45_K_h16<TYPE == QT_Q5_K>(rw, f, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+                gg_q45_K_h16<TYPE == QT_Q5_K>(rw, f, i16(c), &wreg[8 * c]);
         } else if constexpr (TYPE == QT_Q8_0) {            /* (RA == 4: sh == 0) */
             __half2 d = gg_q8_0_d(rw, sub);
 #pragma unroll
             for (int c = 0; c < CPT; c++)
-                gg_q8_0_h16(rw, d, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+                gg_q8_0_h16(rw, d, i16(c), &wreg[8 * c]);
         } else if constexpr (TYPE == QT_Q6_K) {
 #pragma unroll
             for (int c = 0; c < CPT; c++)
-                gg_q6_K_h16(rw, 8 * sh, 2 * sub + ((tid * CPT + c) & 1), &wreg[8 * c]);
+                gg_q6_K_h16(rw, 8 * sh, i16(c), &wreg[8 * c]);
         } else {
 #pragma unroll
             for (int c = 0; c < CPT; c++) {
                 float f[16];
-                gq_dequant16_al<RA>(TYPE, (const uint8_t *)rw + sh, 2 * sub + ((tid * CPT + c) & 1), f);
+                gq_dequant16_al<RA>(TYPE, (const uint8_t *)rw + sh, i16(c), f);
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     wreg[8 * c + j] = gg_u(__floats2half2_rn(f[2 * j], f[2 * j + 1]));
