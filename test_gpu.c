@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef STRATA_GPU
 #include "gpu.h"
@@ -54,23 +55,20 @@ static int tg_mma_type(int type)
  * (its own activation type: Q8_K blocks of 256 for K-quants, Q8_0/Q8_1
  * otherwise) is held to the sum of both bounds. */
 static void tg_check_dot(const struct quant_type *qt, int type, const uint8_t *wq, const float *wr, const float *xt,
-                         const void *aq, int N, float g, struct tg_err *e)
+                         const void *aq, const float *amax, const float *amax256, int N, float g, struct tg_err *e)
 {
     double ref = 0, mag = 0, bound = 0, bound_cpu = 0;
     for (int b = 0; b < N / 32; b++) {
-        double amax = 0, amax256 = 0, sw = 0;
+        double sw = 0;
         for (int i = 32 * b; i < 32 * b + 32; i++) {
             ref += (double)wr[i] * xt[i];
             mag += fabs((double)wr[i] * xt[i]);
-            amax = fmax(amax, fabs(xt[i]));
             sw += fabs(wr[i]);
         }
-        for (int i = 256 * (b / 8); i < 256 * (b / 8) + 256 && i < N; i++)
-            amax256 = fmax(amax256, fabs(xt[i]));
         if (!qt->dot_type || qt->blck == 1)
             continue;
-        bound += sw * 0.57 * amax / 127;
-        bound_cpu += sw * 0.57 * (qt->blck == 256 ? amax256 : amax) / 127;
+        bound += sw * 0.57 * amax[b] / 127;
+        bound_cpu += sw * 0.57 * (qt->blck == 256 ? amax256[b] : amax[b]) / 127;
     }
     bound += 1e-5 * mag + 1e-30;
     /* quant.c's float dots round the activation to the weight's type */
@@ -110,6 +108,65 @@ static void tg_err_report(const struct quant_type *qt, int N, int T, const char 
           fmax(e->worst, e->worst_cpu));
 }
 
+/* One activation row's outputs against ROWS weight rows (output r is row
+ * (r + shift) % ROWS of w, wf), into e: the row's block maxima formed once,
+ * the rows shared out among the pool's threads (these FP64 sums are the
+ * suite's longest host work), each thread's errors kept apart, then added. */
+#define TG_THREADS 16
+
+struct tg_rows {
+    const struct quant_type *qt;
+    int type, N, ROWS, shift;
+    const uint8_t *w;
+    size_t ldw;
+    const float *wf, *xt, *y;
+    const void *aq;
+    float *amax, *amax256;   /* (N/32) each block's max |x|, and its 256's */
+    struct tg_err e[TG_THREADS];
+};
+
+static void tg_rows_run(void *arg, int i, int n)
+{
+    struct tg_rows *t = arg;
+    for (int r = i; r < t->ROWS; r += n) {
+        size_t wr = (size_t)((r + t->shift) % t->ROWS);
+        tg_check_dot(t->qt, t->type, t->w + wr * t->ldw, t->wf + wr * t->N, t->xt, t->aq, t->amax, t->amax256, t->N,
+                     t->y[r], &t->e[i]);
+    }
+}
+
+static void tg_check_rows(struct pool *p, const struct quant_type *qt, int type, const uint8_t *w, size_t ldw,
+                          const float *wf, int N, int ROWS, int shift, const float *xt, const void *aq, const float *y,
+                          struct tg_err *e)
+{
+    struct tg_rows t = {.qt = qt, .type = type, .N = N, .ROWS = ROWS, .shift = shift, .w = w, .ldw = ldw, .wf = wf,
+                        .xt = xt, .y = y, .aq = aq, .amax = malloc(sizeof(float) * N / 32),
+                        .amax256 = malloc(sizeof(float) * N / 32)};
+    for (int b = 0; b < N / 32; b++) {
+        float m = 0;
+        for (int i = 32 * b; i < 32 * b + 32; i++)
+            m = fmaxf(m, fabsf(xt[i]));
+        t.amax[b] = m;
+    }
+    for (int b = 0; b < N / 32; b++) {
+        float m = 0;
+        for (int c = b / 8 * 8; c < b / 8 * 8 + 8 && c < N / 32; c++)
+            m = fmaxf(m, t.amax[c]);
+        t.amax256[b] = m;
+    }
+    pool_run(p, tg_rows_run, &t);
+    for (int i = 0; i < pool_size(p); i++) {
+        e->worst = fmax(e->worst, t.e[i].worst);
+        e->worst_cpu = fmax(e->worst_cpu, t.e[i].worst_cpu);
+        e->rms += t.e[i].rms;
+        e->n += t.e[i].n, e->bad += t.e[i].bad, e->nonfinite += t.e[i].nonfinite;
+    }
+    free(t.amax), free(t.amax256);
+}
+
+/* the matrix-vector cases' pool (test_gpu's, the host's cores up to TG_THREADS) */
+static struct pool *tg_rows_pool;
+
 /* A prompt's MoE experts (gf_mvx_kernel) against the same reference: X
  * experts whose row r is the matrix's row (r + 7e) % ROWS, over the sorted
  * activation rows offs[e] .. offs[e+1] - 1 of x (N wide) */
@@ -132,11 +189,8 @@ static void tg_experts_run(const struct quant_type *qt, int type, const uint8_t 
         for (int ex = 0; ex < X; ex++)
             for (int p = offs[ex]; p < offs[ex + 1]; p++) {
                 at->from_f32(x + (size_t)p * N, aq, N);
-                for (int r = 0; r < ROWS; r++) {
-                    size_t wr = (size_t)((r + 7 * ex) % ROWS);
-                    tg_check_dot(qt, type, w + wr * ldw, wf + wr * N, x + (size_t)p * N, aq, N, y[(size_t)p * ROWS + r],
-                                 &e);
-                }
+                tg_check_rows(tg_rows_pool, qt, type, w, ldw, wf, N, ROWS, 7 * ex, x + (size_t)p * N, aq,
+                              y + (size_t)p * ROWS, &e);
             }
         tg_err_report(qt, N, P, what, &e);
     }
@@ -216,8 +270,7 @@ static void tg_matvec_type(int type, int N, int ROWS)
         for (int t = 0; t < T; t++) {
             const float *xt = act + (size_t)t * N;
             at->from_f32(xt, aq, N);
-            for (int r = 0; r < ROWS; r++)
-                tg_check_dot(qt, type, w + (size_t)r * ldw, wf + (size_t)r * N, xt, aq, N, y[(size_t)t * ROWS + r], &e);
+            tg_check_rows(tg_rows_pool, qt, type, w, ldw, wf, N, ROWS, 0, xt, aq, y + (size_t)t * ROWS, &e);
         }
         tg_err_report(qt, N, T, runs[k].what, &e);
     }
@@ -1221,6 +1274,8 @@ void test_gpu(void)
      * (too few rows for the SMs), 2240 the staged one (on up to 140 SMs),
      * where no one-row kernel of the type's own (gf_mvk_kernel,
      * gf_mvs_kernel) takes the width. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    tg_rows_pool = pool_new(ncpu > 1 ? (int)(ncpu < TG_THREADS ? ncpu : TG_THREADS) : 1);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int k = quant_type(types[i])->blck == 256;
         tg_matvec_type(types[i], k ? 5120 : 5152, 67);
@@ -1243,6 +1298,8 @@ void test_gpu(void)
             tg_matvec_type(types[i], 25600, wide);
         }
     }
+    pool_free(tg_rows_pool);
+    tg_rows_pool = NULL;
     tg_kv_store();
     tg_demo();
     tg_batch();

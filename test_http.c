@@ -1768,8 +1768,13 @@ static void case_batched(struct shared *ss)
     }
     for (int i = 0; i < NP; i++) {
         pthread_join(th[i], NULL);
-        CHECK(a[i].status == 200 && bat_parse(&a[i].r, &many[i]) == 0 && same_ids(&many[i], &one[i]),
-              "request %d at once (status %d): its ids differ from the same request alone", i, a[i].status);
+        int parsed = a[i].status == 200 && bat_parse(&a[i].r, &many[i]) == 0, at = 0;
+        while (parsed && at < many[i].n_ids && at < one[i].n_ids && many[i].ids[at] == one[i].ids[at])
+            at++;
+        CHECK(parsed && same_ids(&many[i], &one[i]),
+              "request %d at once (status %d, %d ids, \"%s\"): its ids differ from the same request alone from id %d "
+              "(%d there, %d alone)", i, a[i].status, parsed ? many[i].n_ids : -1, parsed ? many[i].msg : "", at,
+              parsed && at < many[i].n_ids ? many[i].ids[at] : -1, at < one[i].n_ids ? one[i].ids[at] : -1);
         resp_free(&a[i].r);
     }
     double steps = metric(port, "strata_decode_steps_total") - s0, rows = metric(port, "strata_batch_rows_total") - r0;
