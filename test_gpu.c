@@ -1107,6 +1107,23 @@ static void tg_bench_one(const char *shape, const char *type, const char *set)
             printf("  profile of an 8-token prompt: %s\n", prof);
     }
     CHECK(isfinite(lg[0]), "logits not finite");
+    { /* a 2048-token prompt, pp4096's chunk (a context of its own: the decode figures above keep theirs) */
+        tg_gpu_close(&t);
+        enum { LONG = 2048 };
+        int32_t *lids = malloc(sizeof(int32_t) * LONG);
+        char prof[1024];
+        for (int i = 0; i < LONG; i++)
+            lids[i] = 100 + i * 7 % (V - 100);
+        if (lids && tg_gpu_open(&t, m, KV_CELL_F16, LONG, LONG) == 0)
+            for (int rep = 0; rep < 2; rep++) {   /* the first warms up */
+                kv_truncate(t.kv, t.seq, kv_seq_len(t.kv, t.seq));
+                if (CHECK(kv_append(t.kv, t.seq, lids, LONG, err, sizeof err) == 0, "%s", err) &&
+                    CHECK(gpu_test_profile(t.c, t.seq, lids, LONG, 0, prof, sizeof prof, err, sizeof err) == 0, "%s",
+                          err) && rep)
+                    printf("  profile of a %d-token prompt: %s\n", LONG, prof);
+            }
+        free(lids);
+    }
 done:
     free(lg);
     tg_gpu_close(&t);
