@@ -2946,12 +2946,51 @@ static size_t gf_qkv_smem(int E, int n_rot)
     return (size_t)(2 * E + n_rot) * sizeof(float);
 }
 
-/* block (t, head of H+K+K): q heads, then k, then v */
-__global__ void gf_qkv_kernel(gf_qkv p)
+/* Sum of the squares of hv[0..E) as gf_block_sum adds them over a block
+ * of 128 threads (thread v: elements v, v + 128, ...; each warp's by
+ * shuffles; the warps' sums in order), on NT threads: 128, a block, or
+ * GPU_WARP, a warp whose lane stands for the block's threads lane + GPU_WARP·k
+ * in turn; so both forms of gf_qkv_head give the same double. */
+template <int NT>
+static __device__ double gf_head_ss(const float *hv, int E, int tid)
 {
-    GPU_TRACE(GT_QKV);
-    extern __shared__ float hv[];   /* E values, E norm weights, n_rot/2 cosines and sines (gf_qkv_smem) */
-    int t = blockIdx.x, hd = blockIdx.y, E = p.E, half = p.n_rot / 2;
+    if (NT == 128) {
+        double s = 0;
+        for (int i = tid; i < E; i += blockDim.x)
+            s += (double)__fmul_rn(hv[i], hv[i]);
+        return gf_block_sum(s);
+    }
+    double s = 0;
+    for (int k = 0; k < 128 / GPU_WARP; k++) {
+        double d = 0;
+        for (int i = tid + GPU_WARP * k; i < E; i += 128)
+            d += (double)__fmul_rn(hv[i], hv[i]);
+        for (int m = GPU_WARP / 2; m > 0; m >>= 1)
+            d += gpu_shfl_xor(d, m);
+        s += d;
+    }
+    return s;
+}
+
+template <int NT>
+static __device__ __forceinline__ void gf_head_sync()
+{
+    if (NT == 128)
+        __syncthreads();
+    else
+        gpu_syncwarp();
+}
+
+/* Head hd of H+K+K (q heads, then k, then v) of token t: its bias,
+ * RMSNorm and RoPE in place, and for k and v its cell. On NT threads
+ * (gf_head_ss: 128, a block, or a warp), tid among them; hv their shared
+ * (2E + n_rot) floats: the head's values, its norm's weights, the
+ * cosines and sines. */
+template <int NT>
+static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, int tid, float *hv)
+{
+    int E = p.E, half = p.n_rot / 2;
+    const unsigned nt = NT == 128 ? blockDim.x : NT;   /* (the block form's stride at run time, as it was) */
     float *nwv = hv + E, *co = nwv + E, *si = co + half;
     float *x;
     const float *b, *nw;
@@ -2966,7 +3005,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     }
     /* Before the wait only the loads of the weights (the bias, the norm's:
      * no kernel writes them), into registers, in flight during the wait and
-     * not waited for before it (the first 2·128 of a head; any past that
+     * not waited for before it (the first 2·NT of a head; any past that
      * after it). The norm's weights come from memory, not L2: waited for
      * after the wait, they made the late blocks late again (BENCH.md,
      * twenty-first pass). The position, page, cosines and sines come from
@@ -2974,7 +3013,7 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     float wb[2], wn[2];
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        int i = threadIdx.x + k * blockDim.x;
+        int i = tid + k * nt;
         wb[k] = b && i < E ? b[i] : 0.0f;
         wn[k] = nw && i < E ? nw[i] : 0.0f;
     }
@@ -2983,42 +3022,39 @@ __global__ void gf_qkv_kernel(gf_qkv p)
     int pg = p.kv.pages && hd >= p.H ? p.pg[t] : 0;
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        int i = threadIdx.x + k * blockDim.x;
+        int i = tid + k * nt;
         if (i < E) {
             hv[i] = b ? x[i] + wb[k] : x[i];
             nwv[i] = wn[k];
         }
     }
-    for (int i = threadIdx.x + 2 * blockDim.x; i < E; i += blockDim.x) {
+    for (int i = tid + 2 * nt; i < E; i += nt) {
         hv[i] = b ? x[i] + b[i] : x[i];
         if (nw)
             nwv[i] = nw[i];
     }
     if (hd < p.H + p.K)
-        for (int i = threadIdx.x; i < half; i += blockDim.x)
+        for (int i = tid; i < half; i += nt)
             co[i] = p.cs[(size_t)t * p.n_rot + i], si[i] = p.cs[(size_t)t * p.n_rot + half + i];
-    __syncthreads();
+    gf_head_sync<NT>();
     GPU_TRACE_MARK();   /* the head's values in (the measuring build) */
     /* the cells are encoded from hv (shared), not read back from x */
     if (hd >= p.H + p.K) {
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
+        for (int i = tid; i < E; i += nt)
             x[i] = hv[i];
-        __syncthreads();
-        if (p.kv.pages && threadIdx.x < 32)
+        gf_head_sync<NT>();
+        if (p.kv.pages && tid < 32)
             gf_store_row(p.kv, p.layer, p.vrow, cell, pg, hd - p.H - p.K, 1, hv);
         return;
     }
     if (nw) {
-        double s = 0;
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
-            s += (double)__fmul_rn(hv[i], hv[i]);
-        s = gf_block_sum(s);
+        double s = gf_head_ss<NT>(hv, E, tid);
         float scale = 1.0f / sqrtf((float)(s / E) + p.eps);
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
+        for (int i = tid; i < E; i += nt)
             hv[i] = __fmul_rn(__fmul_rn(hv[i], scale), nwv[i]);
-        __syncthreads();
+        gf_head_sync<NT>();
     }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int i = tid; i < half; i += nt) {
         int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
         float a = hv[i0], c = hv[i1];
         /* the CPU's fused forms: fma(a, cos, -(b·sin)), fma(a, sin, b·cos);
@@ -3026,13 +3062,35 @@ __global__ void gf_qkv_kernel(gf_qkv p)
         x[i0] = hv[i0] = fmaf(a, co[i], -__fmul_rn(c, si[i]));
         x[i1] = hv[i1] = fmaf(a, si[i], __fmul_rn(c, co[i]));
     }
-    for (int i = 2 * half + threadIdx.x; i < E; i += blockDim.x)
+    for (int i = 2 * half + tid; i < E; i += nt)
         x[i] = hv[i];
     if (hd >= p.H) {
-        __syncthreads();
-        if (p.kv.pages && threadIdx.x < 32)
+        gf_head_sync<NT>();
+        if (p.kv.pages && tid < 32)
             gf_store_row(p.kv, p.layer, p.krow, cell, pg, hd - p.H, 0, hv);
     }
+}
+
+/* block (t, head of H+K+K), 128 threads: a step of up to GF_DECODE_T rows
+ * (a warp a head there cost the one-token step 2-3.5%: BENCH.md,
+ * twenty-sixth pass) */
+__global__ void gf_qkv_kernel(gf_qkv p)
+{
+    GPU_TRACE(GT_QKV);
+    extern __shared__ float hv[];   /* gf_qkv_smem */
+    gf_qkv_head<128>(p, blockIdx.x, blockIdx.y, threadIdx.x, hv);
+}
+
+/* A prompt's T rows: a warp a head, GF_QKV_WARPS of the T·(H+K+K) heads a
+ * block, token by token (a block a head took a 2048-token chunk ~120 µs a
+ * layer on the H200, ten times its bytes: BENCH.md, forty-seventh pass) */
+#define GF_QKV_WARPS 8
+__global__ void __launch_bounds__(GF_QKV_WARPS * GPU_WARP) gf_qkv_rows_kernel(gf_qkv p, int T)
+{
+    extern __shared__ float hv[];   /* GF_QKV_WARPS · gf_qkv_smem */
+    int w = threadIdx.x / GPU_WARP, nh = p.H + 2 * p.K, j = blockIdx.x * GF_QKV_WARPS + w;
+    if (j < T * nh)
+        gf_qkv_head<GPU_WARP>(p, j / nh, j % nh, threadIdx.x % GPU_WARP, hv + (size_t)w * (2 * p.E + p.n_rot));
 }
 
 /* ==== MoE: routing, weighted sum ==== */
@@ -4428,7 +4486,11 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.q_norm = ly->q_norm, qp.k_norm = ly->q_norm ? ly->k_norm : NULL;
     qp.H = H, qp.K = K, qp.E = E, qp.neox = hp->rope_neox, qp.eps = hp->rms_eps;
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
-    gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
+    if (T > GF_DECODE_T)
+        gf_launch(gf_qkv_rows_kernel, dim3((T * (H + 2 * K) + GF_QKV_WARPS - 1) / GF_QKV_WARPS),
+                  GF_QKV_WARPS * GPU_WARP, GF_QKV_WARPS * gf_qkv_smem(E, hp->n_rot), s, qp, T);
+    else
+        gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 
