@@ -111,25 +111,16 @@ __global__ void gg_dequant(const uint8_t *w, size_t ldw, int n, int rows, O *y, 
  * multiplied by its own matrix at w + e·estride into the same rows of y.
  * blockIdx.y counts the groups' tiles of bm rows in group order; the grid
  * has room for the most tiles any offsets give (T / bm + X), and blocks
- * past the last tile return at once.
- * Groups whose rows overrun a multiple of a large tile by a few (a prompt
- * chunk's experts hold the mean ± a few rows, so about half of them do)
- * take two launches (gg_run): the first (split 1) gives a group of m rows
- * its m / bm whole tiles, or one partial tile below bm rows; the second
- * (split -B, B the first's bm) its rows past those whole tiles, in small
- * tiles. A whole large tile spent on those few rows made the 30B-A3B's
- * experts a third slower (BENCH.md, forty-seventh pass). */
+ * past the last tile return at once. */
 struct gg_groups {
     const int32_t *offs; /* NULL: one matrix, blockIdx.y the tile of the T rows */
     int X;
     size_t estride;
-    int split;           /* 0: every row in tiles of bm; 1, -B: the two launches above */
 };
 
 static int gg_group_tiles(const gg_groups &gr, int T, int bm)
 {
-    int n = (T + bm - 1) / bm + (gr.offs ? gr.X : 0);
-    return gr.split < 0 ? min(n, gr.X * ((-gr.split - 1 + bm - 1) / bm)) : n;   /* (fewer than B rows a group) */
+    return (T + bm - 1) / bm + (gr.offs ? gr.X : 0);
 }
 
 /* The first row of this block's tile within its group, with w, x, y and T
@@ -142,12 +133,7 @@ static __device__ __forceinline__ int gg_group(const gg_groups &gr, int bm, int 
         return blockIdx.y * bm;
     int t = blockIdx.y;
     for (int e = 0; e < gr.X; e++) {
-        int r0 = gr.offs[e], m = gr.offs[e + 1] - r0;
-        if (gr.split < 0) {   /* past the first launch's whole tiles */
-            int skip = m >= -gr.split ? m / -gr.split * -gr.split : m;
-            r0 += skip, m -= skip;
-        }
-        int tiles = gr.split > 0 ? (m > 0 ? max(1, m / bm) : 0) : (m + bm - 1) / bm;
+        int r0 = gr.offs[e], m = gr.offs[e + 1] - r0, tiles = (m + bm - 1) / bm;
         if (t < tiles) {
             *w += e * gr.estride;
             *x += (size_t)r0 * n;
@@ -864,22 +850,14 @@ static int gg_run(const uint8_t *w, size_t ldw, int n, int rows, const float *x,
         int Tm = gr.offs ? (T + gr.X - 1) / gr.X : T;
         int small_grid = (rows + GG_BN - 1) / GG_BN * ((T + 127) / 128) < sms / 2;
         int big = bm ? atoi(bm) == 256 : Tm > 1024 || (Tm >= 512 && small_grid);
-        gg_groups head = gr;
-        head.split = gr.offs && Tm > 32;   /* (groups: the rows past whole tiles in 32-row tiles after) */
-        int tile = Tm <= 32 ? 32 : Tm <= 64 ? 64 : !big ? 128 : 256;
-        if (tile == 32)
-            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, head, scratch, dev, sms, st, err, errlen);
-        else if (tile == 64)
-            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, head, scratch, dev, sms, st, err, errlen);
-        else if (tile == 128)
-            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, head, scratch, dev, sms, st, err, errlen);
+        if (Tm <= 32)
+            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
+        else if (Tm <= 64)
+            rc = gg_launch<TYPE, 2, 2>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
+        else if (!big)
+            rc = gg_launch<TYPE, 2, 4>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
         else
-            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, head, scratch, dev, sms, st, err, errlen);
-        if (rc == 0 && head.split) {
-            gg_groups tail = gr;
-            tail.split = -tile;
-            rc = gg_launch<TYPE, 2, 1>(w, ldw, n, rows, xh, T, y, ldy, tail, scratch, dev, sms, st, err, errlen);
-        }
+            rc = gg_launch<TYPE, 4, 4>(w, ldw, n, rows, xh, T, y, ldy, gr, scratch, dev, sms, st, err, errlen);
         if (rc <= 0)
             return rc;
     }
@@ -983,7 +961,7 @@ static int gg_call(int type, const void *w, size_t ldw, int n, int rows, const f
 int gpu_gemm(int type, const void *w, size_t ldw, int n, int rows, const float *x, int T, float *y,
              size_t ldy, void *scratch, void *stream, char *err, size_t errlen)
 {
-    gg_groups gr = {NULL, 0, 0, 0};
+    gg_groups gr = {NULL, 0, 0};
     return gg_call(type, w, ldw, n, rows, x, T, y, ldy, gr, scratch, stream, err, errlen);
 }
 
@@ -993,7 +971,7 @@ int gpu_gemm_experts(int type, const void *w, size_t ldw, size_t estride, int n,
 {
     if (X <= 0 || !offs)
         return strata_errf(err, errlen, "gpu_gemm_experts: %d groups, offsets %p", X, (const void *)offs);
-    gg_groups gr = {offs, X, estride, 0};
+    gg_groups gr = {offs, X, estride};
     return gg_call(type, w, ldw, n, rows, x, T, y, ldy, gr, scratch, stream, err, errlen);
 }
 
