@@ -532,19 +532,20 @@ static void tg_bench(void)
 }
 
 /* ==== gpu_gemm_experts: groups against FP64 ====
- * Six matrices of 200 rows (row tiles clamp at the end) over groups of 0,
- * 37, 1, 132, 130 and 1 rows, 9 rows after the last group that must stay
- * untouched, as must the row gaps; each group's rows against the FP64
+ * Seven matrices of 200 rows (row tiles clamp at the end) over groups of 0,
+ * 37, 1, 132, 130, 1 and 259 rows, 9 rows after the last group that must
+ * stay untouched, as must the row gaps; each group's rows against the FP64
  * product with its own matrix, by the gemm bounds above. Kernels: the
- * tensor-core choice (128-row tiles at this mean), the 256-row tile, and
- * the tiled f32 kernel. */
+ * tensor-core choice (128-row tiles at this mean: 259 rows take two whole
+ * and a partial one), the 256-row tile (one whole and a partial), and the
+ * tiled f32 kernel. */
 static void tg_experts(void)
 {
     if (!test_begin_gpu("gpu/gemm/experts"))
         return;
     static const int types[] = {QT_Q4_K, QT_Q8_0, QT_F16, QT_Q6_K};
-    static const int32_t offs[] = {0, 0, 37, 38, 170, 300, 301};
-    enum { X = 6, ROWS = 200, N = 768, T = 310 }; /* (N: Q6_K rows of 630 bytes, as the 30B-A3B's down) */
+    static const int32_t offs[] = {0, 0, 37, 38, 170, 300, 301, 560};
+    enum { X = 7, ROWS = 200, N = 768, T = 569 }; /* (N: Q6_K rows of 630 bytes, as the 30B-A3B's down) */
     const int kernels[] = {TG_OWN, TG_BM256, TG_TILED};
     size_t ldy = ROWS + 4, ybytes = ldy * T * sizeof(float);
     unsigned st = 4242u;
