@@ -1703,8 +1703,10 @@ static int bat_parse(const struct resp *r, struct bat_out *o)
     char err[128];
     memset(o, 0, sizeof *o);
     o->n_ids = o->prompt_n = o->cache_n = o->evaluated = o->predicted = -1;
-    if (!r->body || json_parse(&j, r->body, r->body_len, err, sizeof err) != 0)
+    if (!r->body || json_parse(&j, r->body, r->body_len, err, sizeof err) != 0) {
+        snprintf(o->msg, sizeof o->msg, "not JSON: %s (%zu bytes)", r->body ? err : "no body", r->body_len);
         return -1;
+    }
     const struct json *t = json_get(&j, "timings"), *m = json_get(json_get(&j, "error"), "message");
     const struct json *pn = json_get(t, "prompt_n"), *cn = json_get(t, "cache_n");
     const struct json *ev = json_get(&j, "tokens_evaluated"), *pr = json_get(&j, "tokens_predicted");
@@ -1771,12 +1773,16 @@ static void case_batched(struct shared *ss)
     for (int i = 0; i < NP; i++) {
         pthread_join(th[i], NULL);
         int parsed = a[i].status == 200 && bat_parse(&a[i].r, &many[i]) == 0, at = 0;
+        if (!parsed && a[i].r.body) {   /* (a failure's whole body, for its reader) */
+            FILE *f = fopen("/tmp/strata-http-batched-body.txt", "wb");
+            if (f)
+                fwrite(a[i].r.body, 1, a[i].r.body_len, f), fclose(f);
+        }
         while (parsed && at < many[i].n_ids && at < one[i].n_ids && many[i].ids[at] == one[i].ids[at])
             at++;
         CHECK(parsed && same_ids(&many[i], &one[i]),
               "request %d at once (status %d, %d ids, \"%s\"): its ids differ from the same request alone from id %d "
-              "(%d there, %d alone); the body: %.300s", i, a[i].status, parsed ? many[i].n_ids : -1,
-              parsed ? many[i].msg : "", at, parsed && at < many[i].n_ids ? many[i].ids[at] : -1,
+              "(%d there, %d alone); the body: %.300s", i, a[i].status, parsed ? many[i].n_ids : -1, many[i].msg, at, parsed && at < many[i].n_ids ? many[i].ids[at] : -1,
               at < one[i].n_ids ? one[i].ids[at] : -1, a[i].r.body ? a[i].r.body : "(none)");
         resp_free(&a[i].r);
     }
