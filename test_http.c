@@ -339,9 +339,12 @@ static void resp_free(struct resp *r)
     r->body = NULL;
 }
 
-static const char *resp_header(const struct resp *r, const char *name)
+/* Header name's value (a lower-case name) into val (cap bytes), or NULL.
+ * Into the caller's buffer: clients on several threads read responses at
+ * once (a static one let a thread read another's Content-Length, and cut
+ * its body short: http/batched and http/load failed ~1 run in 40). */
+static const char *resp_header(const struct resp *r, const char *name, char *val, size_t cap)
 {
-    static char val[256];
     size_t n = strlen(name);
     for (const char *p = r->headers; *p;) {
         const char *e = strchr(p, '\n');
@@ -349,7 +352,7 @@ static const char *resp_header(const struct resp *r, const char *name)
             const char *v = p + n + 1;
             while (*v == ' ')
                 v++;
-            size_t vn = (size_t)(e - v) < sizeof val - 1 ? (size_t)(e - v) : sizeof val - 1;
+            size_t vn = (size_t)(e - v) < cap - 1 ? (size_t)(e - v) : cap - 1;
             memcpy(val, v, vn);
             val[vn] = 0;
             return val;
@@ -400,7 +403,9 @@ static int read_resp(struct reader *rd, struct resp *r)
     } while (r->status == 100);
     if (append(r, &cap, "", 0))
         return -1;
-    const char *te = resp_header(r, "transfer-encoding"), *cl = resp_header(r, "content-length");
+    char tev[256], clv[256];
+    const char *te = resp_header(r, "transfer-encoding", tev, sizeof tev);
+    const char *cl = resp_header(r, "content-length", clv, sizeof clv);
     if (te && strstr(te, "chunked")) {
         for (;;) {
             unsigned long n;
@@ -881,7 +886,8 @@ static void case_streams(struct shared *sh)
     CHECK(request(port, "POST", "/v1/chat/completions", body, NULL, &plain) == 200, "chat status");
     snprintf(body, sizeof body, chat, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
     CHECK(request(port, "POST", "/v1/chat/completions", body, NULL, &streamed) == 200, "chat stream status");
-    const char *ct = resp_header(&streamed, "content-type");
+    char ctv[256];
+    const char *ct = resp_header(&streamed, "content-type", ctv, sizeof ctv);
     CHECK(ct && strncmp(ct, "text/event-stream", 17) == 0, "stream content type");
     struct json j;
     char err[128], want[4096] = "", got[4096] = "";
@@ -1146,7 +1152,8 @@ static void case_keep_alive(struct shared *sh)
             struct resp r;
             int ok = read_resp(rd, &r) == 0;
             CHECK(ok && r.status == want[i][k], "request %d.%d: status %d", i, k, ok ? r.status : -1);
-            const char *conn = resp_header(&r, "connection");
+            char cv[256];
+            const char *conn = resp_header(&r, "connection", cv, sizeof cv);
             CHECK(conn && strcmp(conn, "keep-alive") == 0, "request %d.%d: Connection: keep-alive", i, k);
             resp_free(&r);
         }
@@ -1396,8 +1403,9 @@ static void case_auth_and_conns(void)
         int ok = send_str(fd, req, (size_t)n) == 0 && read_resp(rd, &r) == 0;
         CHECK(ok && r.status == auth[i].status, "case %zu (%s%s): status %d, expected %d", i, auth[i].path,
               auth[i].auth, ok ? r.status : -1, auth[i].status);
+        char hv[256];
         if (ok && auth[i].status == 401)
-            CHECK(resp_header(&r, "www-authenticate") != NULL, "WWW-Authenticate on 401");
+            CHECK(resp_header(&r, "www-authenticate", hv, sizeof hv) != NULL, "WWW-Authenticate on 401");
         resp_free(&r);
     }
     free(rd);
@@ -1773,11 +1781,6 @@ static void case_batched(struct shared *ss)
     for (int i = 0; i < NP; i++) {
         pthread_join(th[i], NULL);
         int parsed = a[i].status == 200 && bat_parse(&a[i].r, &many[i]) == 0, at = 0;
-        if (!parsed && a[i].r.body) {   /* (a failure's whole body, for its reader) */
-            FILE *f = fopen("/tmp/strata-http-batched-body.txt", "wb");
-            if (f)
-                fwrite(a[i].r.body, 1, a[i].r.body_len, f), fclose(f);
-        }
         while (parsed && at < many[i].n_ids && at < one[i].n_ids && many[i].ids[at] == one[i].ids[at])
             at++;
         CHECK(parsed && same_ids(&many[i], &one[i]),
