@@ -6,7 +6,8 @@
  * among them, teacher-forced). GPU builds only; without a device every case
  * is skipped. STRATA_GPU_BENCH=1 adds a timing of the Qwen3-8B shape at Q4_K
  * (synthesised into /tmp, 4.8 GB): pp512, tg128 (graph / no graph, f16 /
- * int8 KV) and a per-stage profile of one decode step; STRATA_GPU_BENCH=moe
+ * int8 KV) and per-stage profiles of one decode step and of prompts of 8,
+ * 512 and 2048 tokens; STRATA_GPU_BENCH=moe
  * also the Qwen3-30B-A3B shape cut to 12 of its 48 layers;
  * STRATA_GPU_BENCH=mv times the decode matrix-vector kernels alone.
  */
@@ -108,12 +109,9 @@ static void tg_err_report(const struct quant_type *qt, int N, int T, const char 
           fmax(e->worst, e->worst_cpu));
 }
 
-/* One activation row's outputs against ROWS weight rows (output r is row
- * (r + shift) % ROWS of w, wf), into e: the row's block maxima formed once,
- * the rows shared out among the pool's threads (these FP64 sums are the
- * suite's longest host work), each thread's errors kept apart, then added. */
-#define TG_THREADS 16
+#define TG_THREADS 16   /* the most threads tg_check_rows shares its rows among */
 
+/* tg_check_rows' work, each thread's errors apart */
 struct tg_rows {
     const struct quant_type *qt;
     int type, N, ROWS, shift;
@@ -135,6 +133,10 @@ static void tg_rows_run(void *arg, int i, int n)
     }
 }
 
+/* One activation row's outputs against ROWS weight rows (output r is row
+ * (r + shift) % ROWS of w, wf), into e: the row's block maxima formed once,
+ * the rows shared out among the threads of p (at most TG_THREADS: these
+ * FP64 sums are the suite's longest host work), their errors then added. */
 static void tg_check_rows(struct pool *p, const struct quant_type *qt, int type, const uint8_t *w, size_t ldw,
                           const float *wf, int N, int ROWS, int shift, const float *xt, const void *aq, const float *y,
                           struct tg_err *e)
