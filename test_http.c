@@ -342,7 +342,7 @@ static void resp_free(struct resp *r)
 /* Header name's value (a lower-case name) into val (cap bytes), or NULL.
  * Into the caller's buffer: clients on several threads read responses at
  * once (a static one let a thread read another's Content-Length, and cut
- * its body short: http/batched and http/load failed ~1 run in 40). */
+ * its body short: http/batched and http/load failed a few runs in 100). */
 static const char *resp_header(const struct resp *r, const char *name, char *val, size_t cap)
 {
     size_t n = strlen(name);
@@ -1764,6 +1764,7 @@ static void case_batched(struct shared *ss)
     char body[NP][256];
     struct bat_arg a[NP];
     struct bat_out one[NP], many[NP];
+    memset(many, 0, sizeof many);   /* (read by the message where a request failed before bat_parse) */
     pthread_t th[NP];
     for (int i = 0; i < NP; i++) {
         snprintf(body[i], sizeof body[i], "{\"prompt\":\"%s\",\"n_predict\":%d,\"temperature\":0}", prompts[i], N);
@@ -1785,8 +1786,9 @@ static void case_batched(struct shared *ss)
             at++;
         CHECK(parsed && same_ids(&many[i], &one[i]),
               "request %d at once (status %d, %d ids, \"%s\"): its ids differ from the same request alone from id %d "
-              "(%d there, %d alone); the body: %.300s", i, a[i].status, parsed ? many[i].n_ids : -1, many[i].msg, at, parsed && at < many[i].n_ids ? many[i].ids[at] : -1,
-              at < one[i].n_ids ? one[i].ids[at] : -1, a[i].r.body ? a[i].r.body : "(none)");
+              "(%d there, %d alone); the body: %.300s", i, a[i].status, parsed ? many[i].n_ids : -1, many[i].msg,
+              at, parsed && at < many[i].n_ids ? many[i].ids[at] : -1, at < one[i].n_ids ? one[i].ids[at] : -1,
+              a[i].r.body ? a[i].r.body : "(none)");
         resp_free(&a[i].r);
     }
     double steps = metric(port, "strata_decode_steps_total") - s0, rows = metric(port, "strata_batch_rows_total") - r0;
