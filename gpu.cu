@@ -2939,31 +2939,34 @@ __global__ void gf_rope_kernel(gf_qkv p)
     }
 }
 
-/* gf_qkv_kernel's shared memory, sized to the head (it was 12 KB of fixed
- * arrays, whatever the head; BENCH.md, twentieth pass: tg128 level) */
-static size_t gf_qkv_smem(int E, int n_rot)
+/* gf_qkv_head's shared floats for one head, sized to it (it was 12 KB of
+ * fixed arrays, whatever the head; BENCH.md, twentieth pass: tg128 level) */
+static __host__ __device__ size_t gf_qkv_floats(int E, int n_rot)
 {
-    return (size_t)(2 * E + n_rot) * sizeof(float);
+    return (size_t)(2 * E + n_rot);
 }
 
+#define GF_QKV_THREADS 128   /* gf_qkv_kernel's block: a head's threads in the one-token step */
+
 /* Sum of the squares of hv[0..E) as gf_block_sum adds them over a block
- * of 128 threads (thread v: elements v, v + 128, ...; each warp's by
- * shuffles; the warps' sums in order), on NT threads: 128, a block, or
- * GPU_WARP, a warp whose lane stands for the block's threads lane + GPU_WARP·k
- * in turn; so both forms of gf_qkv_head give the same double. */
+ * of GF_QKV_THREADS (thread v: elements v, v + GF_QKV_THREADS, ...; each
+ * warp's by shuffles; the warps' sums in order), on NT threads: that
+ * block, or GPU_WARP, a warp whose lane stands for the block's threads
+ * lane + GPU_WARP·k in turn; so both forms of gf_qkv_head give the same
+ * double. */
 template <int NT>
 static __device__ double gf_head_ss(const float *hv, int E, int tid)
 {
-    if (NT == 128) {
+    if (NT == GF_QKV_THREADS) {
         double s = 0;
         for (int i = tid; i < E; i += blockDim.x)
             s += (double)__fmul_rn(hv[i], hv[i]);
         return gf_block_sum(s);
     }
     double s = 0;
-    for (int k = 0; k < 128 / GPU_WARP; k++) {
+    for (int k = 0; k < GF_QKV_THREADS / GPU_WARP; k++) {
         double d = 0;
-        for (int i = tid + GPU_WARP * k; i < E; i += 128)
+        for (int i = tid + GPU_WARP * k; i < E; i += GF_QKV_THREADS)
             d += (double)__fmul_rn(hv[i], hv[i]);
         for (int m = GPU_WARP / 2; m > 0; m >>= 1)
             d += gpu_shfl_xor(d, m);
@@ -2975,7 +2978,7 @@ static __device__ double gf_head_ss(const float *hv, int E, int tid)
 template <int NT>
 static __device__ __forceinline__ void gf_head_sync()
 {
-    if (NT == 128)
+    if (NT == GF_QKV_THREADS)
         __syncthreads();
     else
         gpu_syncwarp();
@@ -2983,14 +2986,14 @@ static __device__ __forceinline__ void gf_head_sync()
 
 /* Head hd of H+K+K (q heads, then k, then v) of token t: its bias,
  * RMSNorm and RoPE in place, and for k and v its cell. On NT threads
- * (gf_head_ss: 128, a block, or a warp), tid among them; hv their shared
- * (2E + n_rot) floats: the head's values, its norm's weights, the
+ * (gf_head_ss: GF_QKV_THREADS, a block, or a warp), tid among them; hv
+ * their shared gf_qkv_floats: the head's values, its norm's weights, the
  * cosines and sines. */
 template <int NT>
 static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int hd, int tid, float *hv)
 {
     int E = p.E, half = p.n_rot / 2;
-    const unsigned nt = NT == 128 ? blockDim.x : NT;   /* (the block form's stride at run time, as it was) */
+    const unsigned nt = NT == GF_QKV_THREADS ? blockDim.x : NT;   /* (the block form's stride at run time, as it was) */
     float *nwv = hv + E, *co = nwv + E, *si = co + half;
     float *x;
     const float *b, *nw;
@@ -3071,14 +3074,14 @@ static __device__ __forceinline__ void gf_qkv_head(const gf_qkv &p, int t, int h
     }
 }
 
-/* block (t, head of H+K+K), 128 threads: a step of up to GF_DECODE_T rows
+/* block (t, head of H+K+K) of GF_QKV_THREADS: a step of up to GF_DECODE_T rows
  * (a warp a head there cost the one-token step 2-3.5%: BENCH.md,
  * twenty-sixth pass) */
 __global__ void gf_qkv_kernel(gf_qkv p)
 {
     GPU_TRACE(GT_QKV);
-    extern __shared__ float hv[];   /* gf_qkv_smem */
-    gf_qkv_head<128>(p, blockIdx.x, blockIdx.y, threadIdx.x, hv);
+    extern __shared__ float hv[];   /* gf_qkv_floats */
+    gf_qkv_head<GF_QKV_THREADS>(p, blockIdx.x, blockIdx.y, threadIdx.x, hv);
 }
 
 /* A prompt's T rows: a warp a head, GF_QKV_WARPS of the T·(H+K+K) heads a
@@ -3087,10 +3090,10 @@ __global__ void gf_qkv_kernel(gf_qkv p)
 #define GF_QKV_WARPS 8
 __global__ void __launch_bounds__(GF_QKV_WARPS * GPU_WARP) gf_qkv_rows_kernel(gf_qkv p, int T)
 {
-    extern __shared__ float hv[];   /* GF_QKV_WARPS · gf_qkv_smem */
+    extern __shared__ float hv[];   /* GF_QKV_WARPS · gf_qkv_floats */
     int w = threadIdx.x / GPU_WARP, nh = p.H + 2 * p.K, j = blockIdx.x * GF_QKV_WARPS + w;
     if (j < T * nh)
-        gf_qkv_head<GPU_WARP>(p, j / nh, j % nh, threadIdx.x % GPU_WARP, hv + (size_t)w * (2 * p.E + p.n_rot));
+        gf_qkv_head<GPU_WARP>(p, j / nh, j % nh, threadIdx.x % GPU_WARP, hv + w * gf_qkv_floats(p.E, p.n_rot));
 }
 
 /* ==== MoE: routing, weighted sum ==== */
@@ -4488,9 +4491,10 @@ static int gf_layer(struct gpu_ctx *c, int il, int T, char *err, size_t errlen)
     qp.layer = il, qp.krow = gf_krow(qp.kv.cell), qp.vrow = gf_vrow(qp.kv.cell);
     if (T > GF_DECODE_T)
         gf_launch(gf_qkv_rows_kernel, dim3((T * (H + 2 * K) + GF_QKV_WARPS - 1) / GF_QKV_WARPS),
-                  GF_QKV_WARPS * GPU_WARP, GF_QKV_WARPS * gf_qkv_smem(E, hp->n_rot), s, qp, T);
+                  GF_QKV_WARPS * GPU_WARP, GF_QKV_WARPS * gf_qkv_floats(E, hp->n_rot) * sizeof(float), s, qp, T);
     else
-        gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), 128, gf_qkv_smem(E, hp->n_rot), s, qp);
+        gf_launch(gf_qkv_kernel, dim3(T, H + 2 * K), GF_QKV_THREADS, gf_qkv_floats(E, hp->n_rot) * sizeof(float), s,
+                  qp);
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_ROPE_STORE);
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- the runner ---- */
 
@@ -149,6 +150,12 @@ int test_slow(void)
 {
     const char *s = getenv("STRATA_SLOW");
     return s && *s && strcmp(s, "0") != 0;
+}
+
+int test_cores(int most)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > most ? most : (int)n;
 }
 
 double test_lse(const float *lg, int V)

@@ -29,6 +29,9 @@ const char *test_data(const char *rel, char *buf, size_t cap);
 char *test_read_file(const char *path, size_t *len);
 /* Nonzero when STRATA_SLOW is set (make test-slow). */
 int test_slow(void);
+/* The host's online cores, at least 1 and at most most: the threads of a
+ * case's host-side references. */
+int test_cores(int most);
 /* A deterministic random stream for test inputs. */
 /* log Σ exp(lg[0..V)) in double: log-probabilities from logits. */
 double test_lse(const float *lg, int V);

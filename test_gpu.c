@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #ifdef STRATA_GPU
 #include "gpu.h"
@@ -1293,8 +1292,7 @@ void test_gpu(void)
      * (too few rows for the SMs), 2240 the staged one (on up to 140 SMs),
      * where no one-row kernel of the type's own (gf_mvk_kernel,
      * gf_mvs_kernel) takes the width. */
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    tg_rows_pool = pool_new(ncpu > 1 ? (int)(ncpu < TG_THREADS ? ncpu : TG_THREADS) : 1);
+    tg_rows_pool = pool_new(test_cores(TG_THREADS));
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int k = quant_type(types[i])->blck == 256;
         tg_matvec_type(types[i], k ? 5120 : 5152, 67);

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #ifndef STRATA_GPU
 void test_gpu_attn(void)
@@ -677,8 +676,7 @@ static void case_bench(void)
 
 void test_gpu_attn(void)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    g_pool = pool_new(ncpu > 1 ? (int)(ncpu < 16 ? ncpu : 16) : 1);
+    g_pool = pool_new(test_cores(16));
     /* head dims 128/256 with GQA 8:1 and 12:1 at 1,500 and 2,100 cells and
      * up to 256 queries; the test models' 64 (GQA 2:1, 4:1); the Qwen3-8B
      * shape (GQA 4:1, 8 kv heads) decoding one token, and a 4-query window

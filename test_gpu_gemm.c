@@ -14,7 +14,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "gpu.h"
 
@@ -58,8 +57,7 @@ static void *tg_worker(void *arg)
 static void tg_parallel(int n, void (*fn)(void *ctx, int i), void *ctx)
 {
     struct tg_par p = {fn, ctx, n, 0, PTHREAD_MUTEX_INITIALIZER};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = cpus < 1 ? 1 : cpus > 32 ? 32 : (int)cpus;
+    int nt = test_cores(32);
     pthread_t th[32];
     int started = 0;
     for (int i = 1; i < nt; i++)

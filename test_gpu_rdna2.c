@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #ifdef STRATA_GPU
 #include "gpu.h"
@@ -116,12 +115,6 @@ struct rcase {
     int E, G, K, C, T, P, topk, local, every, reps;
     unsigned cells;           /* bit per enum kv_cell */
 };
-
-static int rd_threads(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
-}
 
 /* GPU (out) and CPU (cpu) against FP64 on the wanted rows of queries
  * t0..t0+T-1; checks the bound and the RMS ratio; prints one line. */
@@ -309,7 +302,7 @@ void test_gpu_rdna2(void)
         {128, 8, 2, 32768, 2048, 64, 2048, 64, 128, 3, 1u << KV_CELL_F16 | 1u << KV_CELL_INT8},
     };
     int n_cases = test_slow() ? 3 : 2;
-    struct pool *pool = pool_new(rd_threads());
+    struct pool *pool = pool_new(test_cores(64));
     for (int i = 0; i < n_cases; i++)
         rd_case(&cases[i], pool);
     pool_free(pool);
