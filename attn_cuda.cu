@@ -1578,6 +1578,243 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #endif
 }
 
+/* ==== ak_flash: dense prompts over f16 cells (sm_80+) ==== */
+
+/* ak_mma's numerics (Q and P as f16 hi + lo, f32 sums) in a shape for long
+ * prompts: a block is AKF_WARPS warps of 16 rows each (128 rows: one K/V
+ * step feeds twice ak_mma's rows), its K/V steps copied raw by cp.async
+ * into a ring of AKF_NST stages (no registers hold them, and two steps are
+ * in flight while one is computed), fragments read by ldmatrix, the softmax
+ * in base 2 (log2 e folded into the scale, each weight one ex2) and the
+ * causal mask only on the steps that cross a row's limit. Dense prompts
+ * only: no QSA list, no partitions; E = 64 or 128 (E = 256 needs the
+ * registers it lacks). */
+/* experiment: STRATA_X_FLASH=v picks a variant (ak_launch_flash) */
+
+/* Shared bytes: Q hi and lo (AKF_ROWS rows), then the ring's stages, each
+ * a step's K rows then its V rows, all rows E + AK_PAD halves. */
+static size_t akf_smem(int E, int NW, int NST)
+{
+    return (size_t)(2 * 16 * NW + NST * 2 * AK_BC) * (E + AK_PAD) * 2;
+}
+
+#ifdef AK_MMA_BODY
+/* Four 8x8 f16 matrices as stored: A fragments, or B fragments of K. */
+static __device__ __forceinline__ void ak_ldm4(uint32_t r[4], const void *p)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+template <bool VOL>
+static __device__ __forceinline__ void akf_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    if (VOL)
+        gpu_mma16816(c, a, b0, b1);
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+template <int E, int AKF_WARPS, int AKF_NST, bool VOL, bool LOQ, bool LOP>
+__global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
+{
+#ifdef AK_MMA_BODY
+    constexpr int AKF_ROWS = 16 * AKF_WARPS;
+    constexpr int LD = E + AK_PAD, NT = E / 8, CH = E / 8, NTH = 32 * AKF_WARPS, RPP = NTH / CH;
+    extern __shared__ __align__(16) uint8_t ak_smem[];
+    __half *Qh = (__half *)ak_smem, *Ql = Qh + AKF_ROWS * LD, *ring = Ql + AKF_ROWS * LD;
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    int h = blockIdx.y, G = a.G, p0 = *a.pos0;
+    /* the tiles with the most cells start first */
+    int r0 = (a.tiles - 1 - (int)blockIdx.z) * AKF_ROWS, r1 = min(r0 + AKF_ROWS, a.T * G);
+    int n_ent = p0 + (r1 - 1) / G + 1, steps = (n_ent + AK_BC - 1) / AK_BC;
+    int rA = r0 + w * 16 + g, rB = rA + 8;
+    int oA = rA / G * a.H + h * G + rA % G, oB = rB / G * a.H + h * G + rB % G;
+    int limA = rA < r1 ? p0 + rA / G : -1, limB = rB < r1 ? p0 + rB / G : -1;
+    /* the warp's rows see entries up to wlim; every entry up to wall all of them */
+    int wfirst = r0 + w * 16, wlast = min(wfirst + 15, r1 - 1);
+    int wlim = wfirst < r1 ? p0 + wlast / G : -1, wall = p0 + wfirst / G;
+
+    /* step i's K and V rows into stage i % AKF_NST: thread tid copies the
+     * 16 bytes at tid % CH of rows tid / CH + k·RPP; past n_ent zeros */
+    auto issue = [&](int i) {
+        __half *Kd = ring + (i % AKF_NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
+        int part = tid % CH;
+#pragma unroll
+        for (int k = 0; k < AK_BC / RPP; k++) {
+            int j = tid / CH + k * RPP, ent = i * AK_BC + j;
+            bool ok = ent < n_ent;
+            const uint8_t *b = ok ? ak_block(a, h, ent) : a.pages;
+            size_t in = (size_t)(ent & (a.P - 1));
+            akd_cp16(Kd + j * LD + part * 8, b + in * a.kbytes + part * 16, ok);
+            akd_cp16(Vd + j * LD + part * 8, b + (size_t)a.P * a.kbytes + in * a.vbytes + part * 16, ok);
+        }
+        akd_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < AKF_NST - 1; i++) {
+        if (i < steps)
+            issue(i);
+        else
+            akd_commit();
+    }
+    for (int i = tid; i < AKF_ROWS * E / 4; i += NTH) {
+        int rr = r0 + i / (E / 4), e = i % (E / 4) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (rr < r1)
+            x = *(const float4 *)&a.q[((size_t)(rr / G) * a.H + h * G + rr % G) * E + e];
+        uint32_t hi[2], lo[2];
+        ak_split2(x.x, x.y, &hi[0], &lo[0]);
+        ak_split2(x.z, x.w, &hi[1], &lo[1]);
+        *(uint2 *)&Qh[(i / (E / 4)) * LD + e] = make_uint2(hi[0], hi[1]);
+        *(uint2 *)&Ql[(i / (E / 4)) * LD + e] = make_uint2(lo[0], lo[1]);
+    }
+
+    float O[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f, sc = a.scale * AKD_LOG2E;
+    /* ldmatrix addresses: A rows (lane & 15), k halves (lane >> 4); K's B
+     * rows (entries) 8·(lane >> 4) + (lane & 7), k halves (lane >> 3) & 1 */
+    int qoff = (w * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
+    int koff = (8 * (lane >> 4) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+    int voff = (lane & 15) * LD + (lane >> 4) * 8;
+
+    for (int i = 0; i < steps; i++) {
+        akd_wait<AKF_NST - 2>();
+        __syncthreads(); /* step i is in; every warp is done with step i - 1's stage */
+        if (i + AKF_NST - 1 < steps)
+            issue(i + AKF_NST - 1);
+        else
+            akd_commit();
+        int c0 = i * AK_BC;
+        if (c0 > wlim)
+            continue; /* every row of this warp is done (causal), or it has none */
+        const __half *Ks = ring + (i % AKF_NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
+
+        /* S = Q·Kᵀ: (16 rows) x (64 entries), Q as hi + lo */
+        float S[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+            S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < E / 16; kk++) {
+            uint32_t ah[4], al[4];
+            ak_ldm4(ah, Qh + qoff + kk * 16);
+            if (LOQ)
+                ak_ldm4(al, Ql + qoff + kk * 16);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b[4];
+                ak_ldm4(b, Ks + koff + np * 16 * LD + kk * 16);
+                if (LOQ)
+                    akf_mma<VOL>(S[2 * np], al, b[0], b[1]);
+                akf_mma<VOL>(S[2 * np], ah, b[0], b[1]);
+                if (LOQ)
+                    akf_mma<VOL>(S[2 * np + 1], al, b[2], b[3]);
+                akf_mma<VOL>(S[2 * np + 1], ah, b[2], b[3]);
+            }
+        }
+        /* scores in base 2; the mask where a row's limit falls in the step */
+        float xA = -INFINITY, xB = -INFINITY;
+        if (c0 + AK_BC - 1 <= wall) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    S[nt][c] *= sc;
+                    S[nt][2 + c] *= sc;
+                    xA = fmaxf(xA, S[nt][c]);
+                    xB = fmaxf(xB, S[nt][2 + c]);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int ent = c0 + nt * 8 + 2 * t4 + c;
+                    S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
+                    S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
+                    xA = fmaxf(xA, S[nt][c]);
+                    xB = fmaxf(xB, S[nt][2 + c]);
+                }
+        }
+        xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
+        xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
+        xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
+        xB = fmaxf(xB, gpu_shfl_xor(xB, 2));
+        /* the new maxima; a row with only -inf so far subtracts 0, so that
+         * its weights and rescale are ex2(-inf) = 0, never NaN */
+        float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        float bA = nA == -INFINITY ? 0.0f : nA, bB = nB == -INFINITY ? 0.0f : nB;
+        float alA = akd_ex2(mA - bA), alB = akd_ex2(mB - bB), sA = 0.0f, sB = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                S[nt][c] = akd_ex2(S[nt][c] - bA);
+                S[nt][2 + c] = akd_ex2(S[nt][2 + c] - bB);
+                sA += S[nt][c];
+                sB += S[nt][2 + c];
+            }
+        lA = lA * alA + sA; /* this lane's columns; the quad is summed at the end */
+        lB = lB * alB + sB;
+        mA = nA;
+        mB = nB;
+#pragma unroll
+        for (int i2 = 0; i2 < NT; i2++) {
+            O[i2][0] *= alA;
+            O[i2][1] *= alA;
+            O[i2][2] *= alB;
+            O[i2][3] *= alB;
+        }
+        /* O += P·V, P as hi + lo from the C fragments */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t ph[4], pl[4];
+            ak_split2(S[2 * kk][0], S[2 * kk][1], &ph[0], &pl[0]);
+            ak_split2(S[2 * kk][2], S[2 * kk][3], &ph[1], &pl[1]);
+            ak_split2(S[2 * kk + 1][0], S[2 * kk + 1][1], &ph[2], &pl[2]);
+            ak_split2(S[2 * kk + 1][2], S[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+            for (int np = 0; np < E / 16; np++) {
+                uint32_t b[4];
+                ak_ldm4t(b, Vs + voff + kk * 16 * LD + np * 16);
+                if (LOP)
+                    akf_mma<VOL>(O[2 * np], pl, b[0], b[1]);
+                akf_mma<VOL>(O[2 * np], ph, b[0], b[1]);
+                if (LOP)
+                    akf_mma<VOL>(O[2 * np + 1], pl, b[2], b[3]);
+                akf_mma<VOL>(O[2 * np + 1], ph, b[2], b[3]);
+            }
+        }
+    }
+    akd_wait<0>();
+    lA += gpu_shfl_xor(lA, 1);
+    lA += gpu_shfl_xor(lA, 2);
+    lB += gpu_shfl_xor(lB, 1);
+    lB += gpu_shfl_xor(lB, 2);
+    float iA = lA > 0.0f ? 1.0f / lA : 0.0f, iB = lB > 0.0f ? 1.0f / lB : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int col = nt * 8 + 2 * t4;
+        if (limA >= 0)
+            *(float2 *)&a.out[(size_t)oA * E + col] = make_float2(O[nt][0] * iA, O[nt][1] * iA);
+        if (limB >= 0)
+            *(float2 *)&a.out[(size_t)oB * E + col] = make_float2(O[nt][2] * iB, O[nt][3] * iB);
+    }
+#else
+    (void)a;
+#endif
+}
+
 /* ==== host: device facts, the table, the launchers ==== */
 
 /* Compute capability (major·10 + minor) and SM count of the current device. */
@@ -1594,7 +1831,7 @@ static int ak_env(const char *name)
 }
 
 enum ak_path { AP_PROMPT = 1, AP_DECODE = 2, AP_QSA_PROMPT = 4, AP_QSA_DECODE = 8, AP_ALL = 15 };
-enum ak_kern { AK_RDNA2, AK_MMA, AK_I8, AK_DEC, AK_SIMT };
+enum ak_kern { AK_RDNA2, AK_MMA, AK_FLASH, AK_I8, AK_DEC, AK_SIMT };
 enum ak_envreq { ENV_NONE, ENV_PRE75, ENV_QSA_SPLIT };
 
 #define AK_CELLS_MMA ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8) | (1u << KV_CELL_Q4) | (1u << KV_CELL_K8V4))
@@ -1622,6 +1859,7 @@ static const struct ak_rule {
     {AP_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 split-KV + merge"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 3u, 16, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
+    {AP_PROMPT, 80, INT_MAX, 1u << KV_CELL_F16, 3u, 0, ENV_NONE, AK_FLASH, "flash16 prompt"},
     {AP_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 prompt"},
     {AP_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 split-KV + merge"},
     {AP_QSA_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa"},
@@ -1647,6 +1885,8 @@ static const struct ak_rule *ak_pick(const struct gpu_attn *a, int path, int arc
         const struct ak_rule *r = &ak_table[i];
         if (!(r->paths & (unsigned)path) || arch < r->min_arch || arch > r->max_arch ||
             !(r->cells & (1u << a->kv.cell)) || !(r->dims & dim) || (r->max_rows && rows > r->max_rows))
+            continue;
+        if (r->kern == AK_FLASH && ak_env("STRATA_X_NO_FLASH"))
             continue;
         if ((r->env == ENV_PRE75 && !ak_env("STRATA_ATTN_PRE75")) ||
             (r->env == ENV_QSA_SPLIT && !ak_env("STRATA_QSA_SPLIT_ATTN")))
@@ -1788,6 +2028,33 @@ static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, g
     fn<<<dim3(S, K, gz), AK_THREADS, smem, st>>>(a);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
+}
+
+static int ak_launch_flash(const struct gpu_attn *g, gpuStream_t st, char *err, size_t errlen)
+{
+    ak_args a = ak_args_of(g, 0);
+    const char *xv = getenv("STRATA_X_FLASH");
+    int v = xv ? atoi(xv) : 0, nw = 8, nst = 3;
+    ak_fn fn = a.E == 64 ? ak_flash<64, 8, 3, true, true, true> : ak_flash<128, 8, 3, true, true, true>;
+    if (a.E == 128 && v == 1)
+        fn = ak_flash<128, 8, 3, false, true, true>;
+    if (a.E == 128 && v == 2)
+        fn = ak_flash<128, 8, 2, false, true, true>, nst = 2;
+    if (a.E == 128 && v == 3)
+        fn = ak_flash<128, 4, 2, false, true, true>, nst = 2, nw = 4;
+    if (a.E == 128 && v == 4)
+        fn = ak_flash<128, 8, 3, false, true, false>;
+    if (a.E == 128 && v == 5)
+        fn = ak_flash<128, 8, 3, false, false, false>;
+    if (a.E == 128 && v == 6)
+        fn = ak_flash<128, 4, 2, false, true, false>, nst = 2, nw = 4;
+    a.tiles = (g->T * a.G + 16 * nw - 1) / (16 * nw);
+    size_t smem = akf_smem(a.E, nw, nst);
+    GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+            errlen);
+    fn<<<dim3(1, a.K, a.tiles), 32 * nw, smem, st>>>(a);
+    GPU_TRY(gpuGetLastError(), err, errlen);
+    return 0;
 }
 
 template <int ROW, int E, int NB, int NSTQ, int C>
@@ -2042,6 +2309,7 @@ static int ak_run(const struct gpu_attn *g, int decode, int qsa, void *stream, c
         default: return gpu_attn_qsa_decode_rdna2(g, stream, err, errlen);
         }
     case AK_MMA: return ak_launch_mma(g, path, 0, sms, st, err, errlen);
+    case AK_FLASH: return ak_launch_flash(g, st, err, errlen);
     case AK_DEC: return ak_launch_dec(g, path, arch, sms, st, err, errlen);
     case AK_I8: {
         static int said;

@@ -568,8 +568,9 @@ static const char *const bench_dec[] = {
     "0,0,1,1,1,1,1,32", "0,0,1,0,0,0,1,32",
 };
 
-/* Prompt at 4096 cells x 512 queries; decode T = 1 at 512 cells (in a
- * cache of 512 and of 32,768), 4K and 32K: one layer of the Qwen3-8B shape
+/* Prompts of 512 queries at 4096 cells and of 2048 at 2048 (causal, the
+ * first chunk of pp4096); decode T = 1 at 512 cells (in a cache of 512 and
+ * of 32,768), 4K and 32K: one layer of the Qwen3-8B shape
  * (32 query heads, 8 kv heads, E 128), each call a layer of a cache of L
  * layers (L·layer >= 200 MB, at most 36), calls replayed in a graph as the
  * decode step is (gpu_attn_test_time). */
@@ -579,14 +580,16 @@ static void case_bench(void)
         return;
     enum { E = 128, K = 8, H = 32 };
     const int cells[3] = {KV_CELL_F16, KV_CELL_INT8, KV_CELL_Q4};
-    static const int live[5] = {4096, 512, 512, 4096, 32768}, cap[5] = {4096, 512, 32768, 4096, 32768};
+    enum { KINDS = 6, TMAX = 2048 };
+    static const int live[KINDS] = {4096, 2048, 512, 512, 4096, 32768};
+    static const int cap[KINDS] = {4096, 2048, 512, 32768, 4096, 32768}, tq[KINDS] = {512, 2048, 1, 1, 1, 1};
     unsigned st = 9;
     size_t rows = 4096 * (size_t)K * E, HE = (size_t)H * E;
-    float *kvd = malloc(rows * sizeof(float)), *q = malloc((size_t)512 * HE * sizeof(float));
+    float *kvd = malloc(rows * sizeof(float)), *q = malloc((size_t)TMAX * HE * sizeof(float));
     float *ref = malloc(HE * sizeof(float)), *got = malloc(HE * sizeof(float));
     for (size_t i = 0; i < rows; i++)
         kvd[i] = test_randf(&st);
-    for (size_t i = 0; i < (size_t)512 * HE; i++)
+    for (size_t i = 0; i < (size_t)TMAX * HE; i++)
         q[i] = test_randf(&st);
     const char *keep = getenv("STRATA_ATTN_DEC");
     char saved[64] = "", err[256];
@@ -594,11 +597,11 @@ static void case_bench(void)
         snprintf(saved, sizeof saved, "%s", keep);
     setenv("STRATA_ATTN_DEC_LOG", "1", 1);
     for (int f = 0; f < 3; f++)
-        for (int kind = 0; kind < 5; kind++) {
-            int C = live[kind], T = kind ? 1 : 512, L = 1;
+        for (int kind = 0; kind < KINDS; kind++) {
+            int C = live[kind], T = tq[kind], dec = T == 1, L = 1;
             struct kv_config one = {1, K, E, cells[f], 0, 1, cap[kind], 0, NULL};
             double layer_mb = (double)kv_cell_bytes(&one) * C / 1e6;
-            while (kind && L < 36 && L * layer_mb < 200)
+            while (dec && L < 36 && L * layer_mb < 200)
                 L++;
             /* pages for the live cells alone (a cache of 32K cells x 36 layers would be 4.8 GB) */
             int mib = (int)(L * layer_mb * 1.05 / 1.048576) + 2;
@@ -617,16 +620,16 @@ static void case_bench(void)
             struct dcall dc;
             if (dkv_make(&dk, kv, s) == 0 && dcall_make(&dc, &dk, H, T, C - T, cap[kind], q, NULL, NULL) == 0) {
                 struct bench_arg ba = {&dc, L, 0};
-                if (!kind) {
+                if (!dec) {
                     double ms = gpu_attn_test_time(bench_call, &ba, 20);
                     /* K·Q and P·V over the visible cells: 4·E flops per (query head, cell) */
                     double fl = 4.0 * E * H * ((double)T * (C - T) + (double)T * (T + 1) / 2);
-                    printf("     %-5s prompt  T 512 at %5d cells: %8.4f ms  %6.1f TFLOP/s  [%s]\n",
-                           kv_cell_name(cells[f]), C, ms, fl / (ms * 1e-3) / 1e12, gpu_attn_kernel_name(&dc.a, 0, 0));
+                    printf("     %-5s prompt  T %4d at %5d cells: %8.4f ms  %6.1f TFLOP/s  [%s]\n",
+                           kv_cell_name(cells[f]), T, C, ms, fl / (ms * 1e-3) / 1e12, gpu_attn_kernel_name(&dc.a, 0, 0));
                     CHECK(ms > 0, "timing failed");
                 }
-                int nv = kind && cells[f] != KV_CELL_Q4 ? (int)(sizeof bench_dec / sizeof *bench_dec) : 1;
-                for (int v = 0; kind && v < nv; v++) {
+                int nv = dec && cells[f] != KV_CELL_Q4 ? (int)(sizeof bench_dec / sizeof *bench_dec) : 1;
+                for (int v = 0; dec && v < nv; v++) {
                     if (v)
                         setenv("STRATA_ATTN_DEC", bench_dec[v], 1);
                     else
