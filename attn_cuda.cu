@@ -1621,7 +1621,7 @@ static __device__ __forceinline__ void akf_mma(float *c, const uint32_t *a, uint
 }
 #endif
 
-template <int E, int AKF_WARPS, int AKF_NST, bool VOL, bool LOQ, bool LOP>
+template <int E, int AKF_WARPS, int AKF_NST, bool VOL, bool LOQ, bool LOP, bool PT = true, bool SKIP = true>
 __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
 {
 #ifdef AK_MMA_BODY
@@ -1642,15 +1642,29 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
     int wlim = wfirst < r1 ? p0 + wlast / G : -1, wall = p0 + wfirst / G;
 
     /* step i's K and V rows into stage i % AKF_NST: thread tid copies the
-     * 16 bytes at tid % CH of rows tid / CH + k·RPP; past n_ent zeros */
+     * 16 bytes at tid % CH of rows tid / CH + k·RPP; past n_ent zeros. The
+     * rows' pages are read a step ahead (pages), so that no page table load
+     * stands between a step's barrier and its copies. */
+    constexpr int RK = AK_BC / RPP;
+    const uint8_t *blk = a.pages + ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes);
+    int pg[RK];
+    auto pages = [&](int i) {
+#pragma unroll
+        for (int k = 0; k < RK; k++) {
+            int ent = i * AK_BC + tid / CH + k * RPP;
+            pg[k] = ent < n_ent ? a.pt[ent >> a.lp] : -1;
+        }
+    };
     auto issue = [&](int i) {
+        if (!PT)
+            pages(i);
         __half *Kd = ring + (i % AKF_NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
         int part = tid % CH;
 #pragma unroll
-        for (int k = 0; k < AK_BC / RPP; k++) {
+        for (int k = 0; k < RK; k++) {
             int j = tid / CH + k * RPP, ent = i * AK_BC + j;
-            bool ok = ent < n_ent;
-            const uint8_t *b = ok ? ak_block(a, h, ent) : a.pages;
+            bool ok = pg[k] >= 0;
+            const uint8_t *b = ok ? blk + (size_t)pg[k] * a.page_bytes : a.pages;
             size_t in = (size_t)(ent & (a.P - 1));
             akd_cp16(Kd + j * LD + part * 8, b + in * a.kbytes + part * 16, ok);
             akd_cp16(Vd + j * LD + part * 8, b + (size_t)a.P * a.kbytes + in * a.vbytes + part * 16, ok);
@@ -1659,11 +1673,16 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
     };
 #pragma unroll
     for (int i = 0; i < AKF_NST - 1; i++) {
-        if (i < steps)
+        if (i < steps) {
+            if (PT)
+                pages(i);
             issue(i);
-        else
+        } else {
             akd_commit();
+        }
     }
+    if (PT)
+        pages(AKF_NST - 1);
     for (int i = tid; i < AKF_ROWS * E / 4; i += NTH) {
         int rr = r0 + i / (E / 4), e = i % (E / 4) * 4;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1690,10 +1709,13 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
     for (int i = 0; i < steps; i++) {
         akd_wait<AKF_NST - 2>();
         __syncthreads(); /* step i is in; every warp is done with step i - 1's stage */
-        if (i + AKF_NST - 1 < steps)
+        if (i + AKF_NST - 1 < steps) {
             issue(i + AKF_NST - 1);
-        else
+            if (PT)
+                pages(i + AKF_NST);
+        } else {
             akd_commit();
+        }
         int c0 = i * AK_BC;
         if (c0 > wlim)
             continue; /* every row of this warp is done (causal), or it has none */
@@ -1768,8 +1790,9 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
         lB = lB * alB + sB;
         mA = nA;
         mB = nB;
+        /* the warp's maxima mostly hold from step to step: then al = 1 */
 #pragma unroll
-        for (int i2 = 0; i2 < NT; i2++) {
+        for (int i2 = 0; i2 < NT && (!SKIP || __any_sync(0xffffffffu, alA != 1.0f || alB != 1.0f)); i2++) {
             O[i2][0] *= alA;
             O[i2][1] *= alA;
             O[i2][2] *= alB;
@@ -2035,19 +2058,17 @@ static int ak_launch_flash(const struct gpu_attn *g, gpuStream_t st, char *err, 
     ak_args a = ak_args_of(g, 0);
     const char *xv = getenv("STRATA_X_FLASH");
     int v = xv ? atoi(xv) : 0, nw = 8, nst = 3;
-    ak_fn fn = a.E == 64 ? ak_flash<64, 8, 3, true, true, true> : ak_flash<128, 8, 3, true, true, true>;
-    if (a.E == 128 && v == 1)
-        fn = ak_flash<128, 8, 3, false, true, true>;
-    if (a.E == 128 && v == 2)
-        fn = ak_flash<128, 8, 2, false, true, true>, nst = 2;
-    if (a.E == 128 && v == 3)
-        fn = ak_flash<128, 4, 2, false, true, true>, nst = 2, nw = 4;
-    if (a.E == 128 && v == 4)
+    ak_fn fn = a.E == 64 ? ak_flash<64, 8, 3, true, true, false> : ak_flash<128, 8, 3, true, true, false>;
+    if (a.E == 128 && v == 1) /* run 1's */
+        fn = ak_flash<128, 8, 3, true, true, true, false, false>;
+    if (a.E == 128 && v == 2) /* P lo alone (run 2's v4) */
+        fn = ak_flash<128, 8, 3, true, true, false, false, false>;
+    if (a.E == 128 && v == 3) /* + pages ahead */
+        fn = ak_flash<128, 8, 3, true, true, false, true, false>;
+    if (a.E == 128 && v == 4) /* + skip (all, = v0) but plain mma */
         fn = ak_flash<128, 8, 3, false, true, false>;
-    if (a.E == 128 && v == 5)
-        fn = ak_flash<128, 8, 3, false, false, false>;
-    if (a.E == 128 && v == 6)
-        fn = ak_flash<128, 4, 2, false, true, false>, nst = 2, nw = 4;
+    if (a.E == 128 && v == 5) /* no lo at all */
+        fn = ak_flash<128, 8, 3, true, false, false>;
     a.tiles = (g->T * a.G + 16 * nw - 1) / (16 * nw);
     size_t smem = akf_smem(a.E, nw, nst);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
