@@ -16,6 +16,11 @@
  *            the G query heads of a kv head together, so K/V are read once
  *            per tile) or a QSA list, whole or one split-KV partition that
  *            writes (max, sum, acc) to scratch. Head dims 64, 128, 256.
+ *   ak_flash (sm_80+) the prompts (dense and QSA) over f16 cells of head
+ *            dim 64 or 128, the default KV's: ak_mma's tiles made for long
+ *            prompts (dense: 8 warps, 128 rows a block), K/V steps copied
+ *            raw by cp.async into a ring of stages, fragments by
+ *            ldmatrix, the softmax in base 2, P as f16 alone (below).
  *   ak_mma<QK8> (sm_80+, int8 cells, STRATA_QSA_SPLIT_ATTN=1, opt-in) the
  *            QSA split decode with K·Q as int8 mma (m16n8k32 s8 on the
  *            pages' codes, Q quantised per row like the keys), P·V as above.
@@ -42,9 +47,12 @@
  * 11 bits, a loss next to the f32 CPU path as large as the f16 cache's
  * own; so Q and P are each split into f16 hi + lo (x = hi + lo to 2^-22
  * relative) and every product is two mma, which costs tensor-core time
- * the kernel has to spare but leaves the error that of f32 sums. K and V
- * enter as f16: exact for f16 cells; int8 and Q4_0 values d·q are rounded
- * to f16 (relative 2^-12, a thousandth of their own quantisation error).
+ * the kernel has to spare but leaves the error that of f32 sums. ak_flash
+ * keeps Q's split and rounds P to f16 alone: measured (gpu/attn), P's
+ * rounding leaves the GPU's RMS error within 2% of the CPU path's, Q's
+ * takes it to 1.3-1.45 times. K and V enter as f16: exact for f16 cells;
+ * int8 and Q4_0 values d·q are rounded to f16 (relative 2^-12, a
+ * thousandth of their own quantisation error).
  * f32 cells take ak_simt (all f32).
  *
  * Must not: allocate, synchronise, keep state between calls beyond cached
@@ -1578,21 +1586,31 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #endif
 }
 
-/* ==== ak_flash: dense prompts over f16 cells (sm_80+) ==== */
+/* ==== ak_flash: prompts over f16 cells (sm_80+) ==== */
 
-/* ak_mma's numerics (Q and P as f16 hi + lo, f32 sums) in a shape for long
- * prompts: a block is AKF_WARPS warps of 16 rows each (128 rows: one K/V
- * step feeds twice ak_mma's rows), its K/V steps copied raw by cp.async
- * into a ring of AKF_NST stages (no registers hold them, and two steps are
- * in flight while one is computed), fragments read by ldmatrix, the softmax
- * in base 2 (log2 e folded into the scale, each weight one ex2) and the
- * causal mask only on the steps that cross a row's limit. Dense prompts
- * only: no QSA list, no partitions; E = 64 or 128 (E = 256 needs the
- * registers it lacks). */
-/* experiment: STRATA_X_FLASH=v picks a variant (ak_launch_flash) */
+/* A prompt kernel for the common case, f16 cells of E = 64 or 128 (E =
+ * 256 needs registers it lacks), dense and QSA: a block is NW warps of 16
+ * rows, its K/V steps copied raw by cp.async into a ring of NST stages in
+ * shared memory (NST - 1 steps in flight while one is computed, one
+ * barrier a step, no registers hold them), each step's page ids read a
+ * step ahead, fragments read by ldmatrix, the softmax in base 2 (log2 e
+ * folded into the scale, each weight one ex2), the mask only on the steps
+ * that cross a row's limit. Q enters as f16 hi + lo, as in ak_mma; P as
+ * f16 alone: its weights lie in [0, 1] and their roundings, independent
+ * from cell to cell, average out in P·V (the GPU's RMS error against FP64
+ * stays within 2% of the CPU path's, gpu/attn), where Q's enter every
+ * score of a row alike (alone they take it to 1.3-1.45 times). A row's
+ * arithmetic does not depend on the rows beside it, so the dense path
+ * (AKF_DENSE_W warps: 128 rows, one block an SM) and the QSA path (a
+ * block per query and kv head of AKF_QSA_W warps) give one query the same
+ * bits when its list is every cell it sees. */
+#define AKF_DENSE_W 8
+#define AKF_DENSE_NST 3
+#define AKF_QSA_W 4
+#define AKF_QSA_NST 2
 
-/* Shared bytes: Q hi and lo (AKF_ROWS rows), then the ring's stages, each
- * a step's K rows then its V rows, all rows E + AK_PAD halves. */
+/* Shared bytes: Q hi and lo (16·NW rows), then the ring's stages, each a
+ * step's K rows then its V rows, all rows E + AK_PAD halves. */
 static size_t akf_smem(int E, int NW, int NST)
 {
     return (size_t)(2 * 16 * NW + NST * 2 * AK_BC) * (E + AK_PAD) * 2;
@@ -1607,83 +1625,81 @@ static __device__ __forceinline__ void ak_ldm4(uint32_t r[4], const void *p)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
-
-template <bool VOL>
-static __device__ __forceinline__ void akf_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    if (VOL)
-        gpu_mma16816(c, a, b0, b1);
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #endif
 
-template <int E, int AKF_WARPS, int AKF_NST, bool VOL, bool LOQ, bool LOP, bool PT = true, bool SKIP = true>
-__global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
+/* Block (kv head h, tile z): dense, rows r0..r1-1 of the T·G rows of kv
+ * head h (row r: query t = r/G, head h·G + r%G; cells 0..pos0+t); QSA,
+ * z = t·tiles + tile, the rows of query t and its list. */
+template <int E, int NW, int NST>
+__global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
 {
 #ifdef AK_MMA_BODY
-    constexpr int AKF_ROWS = 16 * AKF_WARPS;
-    constexpr int LD = E + AK_PAD, NT = E / 8, CH = E / 8, NTH = 32 * AKF_WARPS, RPP = NTH / CH;
+    constexpr int ROWS = 16 * NW, LD = E + AK_PAD, NT = E / 8, CH = E / 8, NTH = 32 * NW, RPP = NTH / CH;
+    constexpr int RK = AK_BC / RPP; /* rows of a step a thread copies */
     extern __shared__ __align__(16) uint8_t ak_smem[];
-    __half *Qh = (__half *)ak_smem, *Ql = Qh + AKF_ROWS * LD, *ring = Ql + AKF_ROWS * LD;
+    __half *Qh = (__half *)ak_smem, *Ql = Qh + ROWS * LD, *ring = Ql + ROWS * LD;
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    int h = blockIdx.y, G = a.G, p0 = *a.pos0;
-    /* the tiles with the most cells start first */
-    int r0 = (a.tiles - 1 - (int)blockIdx.z) * AKF_ROWS, r1 = min(r0 + AKF_ROWS, a.T * G);
-    int n_ent = p0 + (r1 - 1) / G + 1, steps = (n_ent + AK_BC - 1) / AK_BC;
+    int h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1, n_ent;
+    const int32_t *list = NULL;
+    if (a.qsa) {
+        int t = blockIdx.z / a.tiles;
+        r0 = t * G + (blockIdx.z % a.tiles) * ROWS;
+        r1 = min(r0 + ROWS, t * G + G);
+        list = a.sel + a.sel_off[t];
+        n_ent = (int)(a.sel_off[t + 1] - a.sel_off[t]);
+    } else {
+        /* the tiles with the most cells start first */
+        r0 = (a.tiles - 1 - (int)blockIdx.z) * ROWS;
+        r1 = min(r0 + ROWS, a.T * G);
+        n_ent = p0 + (r1 - 1) / G + 1;
+    }
+    int steps = (n_ent + AK_BC - 1) / AK_BC;
     int rA = r0 + w * 16 + g, rB = rA + 8;
     int oA = rA / G * a.H + h * G + rA % G, oB = rB / G * a.H + h * G + rB % G;
-    int limA = rA < r1 ? p0 + rA / G : -1, limB = rB < r1 ? p0 + rB / G : -1;
-    /* the warp's rows see entries up to wlim; every entry up to wall all of them */
+    /* a row's last visible entry (-1: no row); the warp's rows see entries
+     * up to wlim, and every entry up to wall all of them */
+    int limA = rA >= r1 ? -1 : list ? n_ent - 1 : p0 + rA / G;
+    int limB = rB >= r1 ? -1 : list ? n_ent - 1 : p0 + rB / G;
     int wfirst = r0 + w * 16, wlast = min(wfirst + 15, r1 - 1);
-    int wlim = wfirst < r1 ? p0 + wlast / G : -1, wall = p0 + wfirst / G;
+    int wlim = wfirst >= r1 ? -1 : list ? n_ent - 1 : p0 + wlast / G;
+    int wall = list ? n_ent - 1 : p0 + wfirst / G;
 
-    /* step i's K and V rows into stage i % AKF_NST: thread tid copies the
-     * 16 bytes at tid % CH of rows tid / CH + k·RPP; past n_ent zeros. The
-     * rows' pages are read a step ahead (pages), so that no page table load
-     * stands between a step's barrier and its copies. */
-    constexpr int RK = AK_BC / RPP;
+    /* step i's K and V rows into stage i % NST: thread tid copies the 16
+     * bytes at tid % CH of the step's rows tid / CH + k·RPP, zeros past
+     * n_ent; their cells' pages are read a step ahead (pages), so that no
+     * page table load stands between a step's barrier and its copies */
     const uint8_t *blk = a.pages + ((size_t)a.layer * a.K + h) * (size_t)a.P * (a.kbytes + a.vbytes);
-    int pg[RK];
+    int pg[RK], cl[RK];
     auto pages = [&](int i) {
 #pragma unroll
         for (int k = 0; k < RK; k++) {
             int ent = i * AK_BC + tid / CH + k * RPP;
-            pg[k] = ent < n_ent ? a.pt[ent >> a.lp] : -1;
+            cl[k] = ent < n_ent ? (list ? list[ent] : ent) : -1;
+            pg[k] = cl[k] >= 0 ? a.pt[cl[k] >> a.lp] : 0;
         }
     };
     auto issue = [&](int i) {
-        if (!PT)
-            pages(i);
-        __half *Kd = ring + (i % AKF_NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
+        __half *Kd = ring + (i % NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
         int part = tid % CH;
 #pragma unroll
         for (int k = 0; k < RK; k++) {
-            int j = tid / CH + k * RPP, ent = i * AK_BC + j;
-            bool ok = pg[k] >= 0;
+            int j = tid / CH + k * RPP;
+            bool ok = cl[k] >= 0;
             const uint8_t *b = ok ? blk + (size_t)pg[k] * a.page_bytes : a.pages;
-            size_t in = (size_t)(ent & (a.P - 1));
+            size_t in = (size_t)(cl[k] & (a.P - 1));
             akd_cp16(Kd + j * LD + part * 8, b + in * a.kbytes + part * 16, ok);
             akd_cp16(Vd + j * LD + part * 8, b + (size_t)a.P * a.kbytes + in * a.vbytes + part * 16, ok);
         }
         akd_commit();
     };
+    /* the pages are read for step i before issue(i), ahead of its barrier */
 #pragma unroll
-    for (int i = 0; i < AKF_NST - 1; i++) {
-        if (i < steps) {
-            if (PT)
-                pages(i);
-            issue(i);
-        } else {
-            akd_commit();
-        }
+    for (int i = 0; i < NST - 1; i++) {
+        pages(i);
+        issue(i); /* past the last step, zeros */
     }
-    if (PT)
-        pages(AKF_NST - 1);
-    for (int i = tid; i < AKF_ROWS * E / 4; i += NTH) {
+    pages(NST - 1);
+    for (int i = tid; i < ROWS * E / 4; i += NTH) {
         int rr = r0 + i / (E / 4), e = i % (E / 4) * 4;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (rr < r1)
@@ -1700,26 +1716,25 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
     for (int i = 0; i < NT; i++)
         O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
     float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f, sc = a.scale * AKD_LOG2E;
-    /* ldmatrix addresses: A rows (lane & 15), k halves (lane >> 4); K's B
-     * rows (entries) 8·(lane >> 4) + (lane & 7), k halves (lane >> 3) & 1 */
+    /* ldmatrix addresses: Q's A rows (lane & 15), k halves (lane >> 4); K's
+     * B rows (entries) 8·(lane >> 4) + (lane & 7), k halves (lane >> 3) & 1;
+     * V's rows (entries) lane & 15, e halves lane >> 4 */
     int qoff = (w * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
     int koff = (8 * (lane >> 4) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
     int voff = (lane & 15) * LD + (lane >> 4) * 8;
 
     for (int i = 0; i < steps; i++) {
-        akd_wait<AKF_NST - 2>();
-        __syncthreads(); /* step i is in; every warp is done with step i - 1's stage */
-        if (i + AKF_NST - 1 < steps) {
-            issue(i + AKF_NST - 1);
-            if (PT)
-                pages(i + AKF_NST);
-        } else {
-            akd_commit();
-        }
+        akd_wait<NST - 2>();
+        __syncthreads(); /* step i is in (and Q, the first time); every warp is done with step i - 1's stage */
+        if (i + NST - 1 < steps)
+            issue(i + NST - 1);
+        else
+            akd_commit(); /* an empty group: the wait above counts NST - 2 behind */
+        pages(i + NST);
         int c0 = i * AK_BC;
         if (c0 > wlim)
             continue; /* every row of this warp is done (causal), or it has none */
-        const __half *Ks = ring + (i % AKF_NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
+        const __half *Ks = ring + (i % NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
 
         /* S = Q·Kᵀ: (16 rows) x (64 entries), Q as hi + lo */
         float S[8][4];
@@ -1730,44 +1745,30 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
         for (int kk = 0; kk < E / 16; kk++) {
             uint32_t ah[4], al[4];
             ak_ldm4(ah, Qh + qoff + kk * 16);
-            if (LOQ)
-                ak_ldm4(al, Ql + qoff + kk * 16);
+            ak_ldm4(al, Ql + qoff + kk * 16);
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t b[4];
                 ak_ldm4(b, Ks + koff + np * 16 * LD + kk * 16);
-                if (LOQ)
-                    akf_mma<VOL>(S[2 * np], al, b[0], b[1]);
-                akf_mma<VOL>(S[2 * np], ah, b[0], b[1]);
-                if (LOQ)
-                    akf_mma<VOL>(S[2 * np + 1], al, b[2], b[3]);
-                akf_mma<VOL>(S[2 * np + 1], ah, b[2], b[3]);
+                gpu_mma16816(S[2 * np], al, b[0], b[1]);
+                gpu_mma16816(S[2 * np], ah, b[0], b[1]);
+                gpu_mma16816(S[2 * np + 1], al, b[2], b[3]);
+                gpu_mma16816(S[2 * np + 1], ah, b[2], b[3]);
             }
         }
         /* scores in base 2; the mask where a row's limit falls in the step */
         float xA = -INFINITY, xB = -INFINITY;
-        if (c0 + AK_BC - 1 <= wall) {
+        bool mask = c0 + AK_BC - 1 > wall;
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    S[nt][c] *= sc;
-                    S[nt][2 + c] *= sc;
-                    xA = fmaxf(xA, S[nt][c]);
-                    xB = fmaxf(xB, S[nt][2 + c]);
-                }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    int ent = c0 + nt * 8 + 2 * t4 + c;
-                    S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
-                    S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
-                    xA = fmaxf(xA, S[nt][c]);
-                    xB = fmaxf(xB, S[nt][2 + c]);
-                }
-        }
+            for (int c = 0; c < 2; c++) {
+                int ent = c0 + nt * 8 + 2 * t4 + c;
+                S[nt][c] = !mask || ent <= limA ? S[nt][c] * sc : -INFINITY;
+                S[nt][2 + c] = !mask || ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
+                xA = fmaxf(xA, S[nt][c]);
+                xB = fmaxf(xB, S[nt][2 + c]);
+            }
         xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
         xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
         xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
@@ -1790,36 +1791,29 @@ __global__ void __launch_bounds__(32 * AKF_WARPS) ak_flash(ak_args a)
         lB = lB * alB + sB;
         mA = nA;
         mB = nB;
-        /* the warp's maxima mostly hold from step to step: then al = 1 */
 #pragma unroll
-        for (int i2 = 0; i2 < NT && (!SKIP || __any_sync(0xffffffffu, alA != 1.0f || alB != 1.0f)); i2++) {
-            O[i2][0] *= alA;
-            O[i2][1] *= alA;
-            O[i2][2] *= alB;
-            O[i2][3] *= alB;
+        for (int nt = 0; nt < NT; nt++) {
+            O[nt][0] *= alA;
+            O[nt][1] *= alA;
+            O[nt][2] *= alB;
+            O[nt][3] *= alB;
         }
-        /* O += P·V, P as hi + lo from the C fragments */
+        /* O += P·V, P as f16 from the C fragments */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            uint32_t ph[4], pl[4];
-            ak_split2(S[2 * kk][0], S[2 * kk][1], &ph[0], &pl[0]);
-            ak_split2(S[2 * kk][2], S[2 * kk][3], &ph[1], &pl[1]);
-            ak_split2(S[2 * kk + 1][0], S[2 * kk + 1][1], &ph[2], &pl[2]);
-            ak_split2(S[2 * kk + 1][2], S[2 * kk + 1][3], &ph[3], &pl[3]);
+            uint32_t p[4] = {gpu_pack16(S[2 * kk][0], S[2 * kk][1]), gpu_pack16(S[2 * kk][2], S[2 * kk][3]),
+                             gpu_pack16(S[2 * kk + 1][0], S[2 * kk + 1][1]),
+                             gpu_pack16(S[2 * kk + 1][2], S[2 * kk + 1][3])};
 #pragma unroll
             for (int np = 0; np < E / 16; np++) {
                 uint32_t b[4];
                 ak_ldm4t(b, Vs + voff + kk * 16 * LD + np * 16);
-                if (LOP)
-                    akf_mma<VOL>(O[2 * np], pl, b[0], b[1]);
-                akf_mma<VOL>(O[2 * np], ph, b[0], b[1]);
-                if (LOP)
-                    akf_mma<VOL>(O[2 * np + 1], pl, b[2], b[3]);
-                akf_mma<VOL>(O[2 * np + 1], ph, b[2], b[3]);
+                gpu_mma16816(O[2 * np], p, b[0], b[1]);
+                gpu_mma16816(O[2 * np + 1], p, b[2], b[3]);
             }
         }
     }
-    akd_wait<0>();
+    akd_wait<0>(); /* the copies past the last step */
     lA += gpu_shfl_xor(lA, 1);
     lA += gpu_shfl_xor(lA, 2);
     lB += gpu_shfl_xor(lB, 1);
@@ -1885,6 +1879,7 @@ static const struct ak_rule {
     {AP_PROMPT, 80, INT_MAX, 1u << KV_CELL_F16, 3u, 0, ENV_NONE, AK_FLASH, "flash16 prompt"},
     {AP_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 prompt"},
     {AP_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 split-KV + merge"},
+    {AP_QSA_PROMPT, 80, INT_MAX, 1u << KV_CELL_F16, 3u, 0, ENV_NONE, AK_FLASH, "flash16 qsa"},
     {AP_QSA_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa split-KV + merge"},
     {AP_PROMPT, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt prompt"},
@@ -1908,8 +1903,6 @@ static const struct ak_rule *ak_pick(const struct gpu_attn *a, int path, int arc
         const struct ak_rule *r = &ak_table[i];
         if (!(r->paths & (unsigned)path) || arch < r->min_arch || arch > r->max_arch ||
             !(r->cells & (1u << a->kv.cell)) || !(r->dims & dim) || (r->max_rows && rows > r->max_rows))
-            continue;
-        if (r->kern == AK_FLASH && ak_env("STRATA_X_NO_FLASH"))
             continue;
         if ((r->env == ENV_PRE75 && !ak_env("STRATA_ATTN_PRE75")) ||
             (r->env == ENV_QSA_SPLIT && !ak_env("STRATA_QSA_SPLIT_ATTN")))
@@ -2053,27 +2046,17 @@ static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, g
     return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
 }
 
-static int ak_launch_flash(const struct gpu_attn *g, gpuStream_t st, char *err, size_t errlen)
+static int ak_launch_flash(const struct gpu_attn *g, int path, gpuStream_t st, char *err, size_t errlen)
 {
-    ak_args a = ak_args_of(g, 0);
-    const char *xv = getenv("STRATA_X_FLASH");
-    int v = xv ? atoi(xv) : 0, nw = 8, nst = 3;
-    ak_fn fn = a.E == 64 ? ak_flash<64, 8, 3, true, true, false> : ak_flash<128, 8, 3, true, true, false>;
-    if (a.E == 128 && v == 1) /* run 1's */
-        fn = ak_flash<128, 8, 3, true, true, true, false, false>;
-    if (a.E == 128 && v == 2) /* P lo alone (run 2's v4) */
-        fn = ak_flash<128, 8, 3, true, true, false, false, false>;
-    if (a.E == 128 && v == 3) /* + pages ahead */
-        fn = ak_flash<128, 8, 3, true, true, false, true, false>;
-    if (a.E == 128 && v == 4) /* + skip (all, = v0) but plain mma */
-        fn = ak_flash<128, 8, 3, false, true, false>;
-    if (a.E == 128 && v == 5) /* no lo at all */
-        fn = ak_flash<128, 8, 3, true, false, false>;
-    a.tiles = (g->T * a.G + 16 * nw - 1) / (16 * nw);
+    int qsa = path == AP_QSA_PROMPT, nw = qsa ? AKF_QSA_W : AKF_DENSE_W, nst = qsa ? AKF_QSA_NST : AKF_DENSE_NST;
+    ak_args a = ak_args_of(g, qsa);
+    a.tiles = ((qsa ? 1 : g->T) * a.G + 16 * nw - 1) / (16 * nw);
+    ak_fn fn = a.E == 64 ? (qsa ? ak_flash<64, AKF_QSA_W, AKF_QSA_NST> : ak_flash<64, AKF_DENSE_W, AKF_DENSE_NST>)
+                         : (qsa ? ak_flash<128, AKF_QSA_W, AKF_QSA_NST> : ak_flash<128, AKF_DENSE_W, AKF_DENSE_NST>);
     size_t smem = akf_smem(a.E, nw, nst);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
             errlen);
-    fn<<<dim3(1, a.K, a.tiles), 32 * nw, smem, st>>>(a);
+    fn<<<dim3(1, a.K, (qsa ? g->T : 1) * a.tiles), 32 * nw, smem, st>>>(a);
     GPU_TRY(gpuGetLastError(), err, errlen);
     return 0;
 }
@@ -2330,7 +2313,7 @@ static int ak_run(const struct gpu_attn *g, int decode, int qsa, void *stream, c
         default: return gpu_attn_qsa_decode_rdna2(g, stream, err, errlen);
         }
     case AK_MMA: return ak_launch_mma(g, path, 0, sms, st, err, errlen);
-    case AK_FLASH: return ak_launch_flash(g, st, err, errlen);
+    case AK_FLASH: return ak_launch_flash(g, path, st, err, errlen);
     case AK_DEC: return ak_launch_dec(g, path, arch, sms, st, err, errlen);
     case AK_I8: {
         static int said;

@@ -228,8 +228,8 @@ static long count_bad(const float *x, size_t n)
 
 /* The max abs error bound against FP64 is the CPU path's (test_attn_bound).
  * The GPU's RMS error may be 1.25x the CPU path's: both compute in f32 on
- * the same dequantised values (the mma kernels split Q and P into f16
- * hi + lo, see attn_cuda.cu), so the formats' own error dominates both. With
+ * the same dequantised values (the mma kernels split Q, and ak_mma P, into
+ * f16 hi + lo, see attn_cuda.cu), so the formats' own error dominates both. With
  * f32 cells both errors are f32 rounding alone (RMS 2e-8..3e-7 here), which
  * grows with the length of each sum: the GPU's QSA decode splits by
  * max_cells (the selection counts live on the device), so at 32K cells its
