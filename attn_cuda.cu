@@ -1743,32 +1743,45 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
             S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < E / 16; kk++) {
-            uint32_t ah[4], al[4];
+            /* the 8 lo products, then the 8 hi ones: each accumulator sums
+             * lo before hi as ever, with 7 others between its two */
+            uint32_t ah[4], al[4], b[4][4];
             ak_ldm4(ah, Qh + qoff + kk * 16);
             ak_ldm4(al, Ql + qoff + kk * 16);
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t b[4];
-                ak_ldm4(b, Ks + koff + np * 16 * LD + kk * 16);
-                gpu_mma16816(S[2 * np], al, b[0], b[1]);
-                gpu_mma16816(S[2 * np], ah, b[0], b[1]);
-                gpu_mma16816(S[2 * np + 1], al, b[2], b[3]);
-                gpu_mma16816(S[2 * np + 1], ah, b[2], b[3]);
-            }
+            for (int np = 0; np < 4; np++)
+                ak_ldm4(b[np], Ks + koff + np * 16 * LD + kk * 16);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                gpu_mma16816(S[nt], al, b[nt / 2][2 * (nt & 1)], b[nt / 2][2 * (nt & 1) + 1]);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                gpu_mma16816(S[nt], ah, b[nt / 2][2 * (nt & 1)], b[nt / 2][2 * (nt & 1) + 1]);
         }
         /* scores in base 2; the mask where a row's limit falls in the step */
         float xA = -INFINITY, xB = -INFINITY;
-        bool mask = c0 + AK_BC - 1 > wall;
+        if (c0 + AK_BC - 1 <= wall) {
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                int ent = c0 + nt * 8 + 2 * t4 + c;
-                S[nt][c] = !mask || ent <= limA ? S[nt][c] * sc : -INFINITY;
-                S[nt][2 + c] = !mask || ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
-                xA = fmaxf(xA, S[nt][c]);
-                xB = fmaxf(xB, S[nt][2 + c]);
-            }
+                for (int c = 0; c < 2; c++) {
+                    S[nt][c] *= sc;
+                    S[nt][2 + c] *= sc;
+                    xA = fmaxf(xA, S[nt][c]);
+                    xB = fmaxf(xB, S[nt][2 + c]);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int ent = c0 + nt * 8 + 2 * t4 + c;
+                    S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
+                    S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
+                    xA = fmaxf(xA, S[nt][c]);
+                    xB = fmaxf(xB, S[nt][2 + c]);
+                }
+        }
         xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
         xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
         xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
