@@ -475,6 +475,74 @@ static __device__ __forceinline__ void ak_split2(float x, float y, uint32_t *hi,
     *lo = gpu_pack16(x - f.x, y - f.y);
 }
 
+/* The mma kernels' rows: a lane holds rows g (A) and g + 8 (B) of its
+ * warp's 16, and columns 2t4, 2t4 + 1 of each 8-wide n-tile of O (the C
+ * fragments' layout). */
+
+/* O's two rows times their online-softmax rescale factors. */
+template <int NT>
+static __device__ __forceinline__ void ak_scale_rows(float (&O)[NT][4], float alA, float alB)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        O[nt][0] *= alA;
+        O[nt][1] *= alA;
+        O[nt][2] *= alB;
+        O[nt][3] *= alB;
+    }
+}
+
+/* A row's maximum over the quad of lanes that hold its columns. */
+static __device__ __forceinline__ float ak_quad_max(float x)
+{
+    x = fmaxf(x, gpu_shfl_xor(x, 1));
+    return fmaxf(x, gpu_shfl_xor(x, 2));
+}
+
+/* A step's scores S (64 entries from c0) times sc, -inf past each row's
+ * last visible entry (limA, limB; -1: no row), and each row's maximum
+ * over them (xA, xB). */
+static __device__ __forceinline__ void ak_scale_mask(float (&S)[8][4], int c0, int t4, int limA, int limB, float sc,
+                                                     float *xA, float *xB)
+{
+    float mA = -INFINITY, mB = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            int ent = c0 + nt * 8 + 2 * t4 + c;
+            S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
+            S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
+            mA = fmaxf(mA, S[nt][c]);
+            mB = fmaxf(mB, S[nt][2 + c]);
+        }
+    *xA = ak_quad_max(mA);
+    *xB = ak_quad_max(mB);
+}
+
+/* A row's sum over the quad of lanes that hold its columns. */
+static __device__ __forceinline__ float ak_quad_sum(float x)
+{
+    x += gpu_shfl_xor(x, 1);
+    return x + gpu_shfl_xor(x, 2);
+}
+
+/* O's rows times fA and fB into rows oA and oB (E floats each) of out,
+ * where they exist (okA, okB). */
+template <int NT>
+static __device__ __forceinline__ void ak_store_rows(float *out, const float (&O)[NT][4], float fA, float fB,
+                                                     size_t oA, size_t oB, bool okA, bool okB, int t4, int E)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int col = nt * 8 + 2 * t4;
+        if (okA)
+            *(float2 *)&out[oA * E + col] = make_float2(O[nt][0] * fA, O[nt][1] * fA);
+        if (okB)
+            *(float2 *)&out[oB * E + col] = make_float2(O[nt][2] * fB, O[nt][3] * fB);
+    }
+}
+
 /* Four 8x8 f16 matrices, transposed: the B fragments of two n-tiles of V. */
 static __device__ __forceinline__ void ak_ldm4t(uint32_t r[4], const void *p)
 {
@@ -808,10 +876,8 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
                 xA = fmaxf(xA, S[nt][c]);
                 xB = fmaxf(xB, S[nt][2 + c]);
             }
-        xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
-        xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
-        xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
-        xB = fmaxf(xB, gpu_shfl_xor(xB, 2));
+        xA = ak_quad_max(xA);
+        xB = ak_quad_max(xB);
         float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
         /* online rescale: what was summed relative to m_old moves to m_new
          * (factor <= 1); a row with only -inf so far keeps m = -inf and
@@ -832,13 +898,7 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
         lB = lB * alB + sB;
         mA = nA;
         mB = nB;
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            O[i][0] *= alA;
-            O[i][1] *= alA;
-            O[i][2] *= alB;
-            O[i][3] *= alB;
-        }
+        ak_scale_rows(O, alA, alB);
         /* O += P·V, P as hi + lo: entries 16kk.. of the C fragment are the
          * A fragment of this product */
 #pragma unroll
@@ -859,10 +919,8 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
             }
         }
     }
-    lA += gpu_shfl_xor(lA, 1);
-    lA += gpu_shfl_xor(lA, 2);
-    lB += gpu_shfl_xor(lB, 1);
-    lB += gpu_shfl_xor(lB, 2);
+    lA = ak_quad_sum(lA);
+    lB = ak_quad_sum(lB);
     if (a.ml) {
         if (t4 == 0) {
             if (limA >= 0) {
@@ -874,25 +932,11 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
                 a.ml[((size_t)s * TH + oB) * 2 + 1] = lB;
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            int col = nt * 8 + 2 * t4;
-            if (limA >= 0)
-                *(float2 *)&a.acc[((size_t)s * TH + oA) * E + col] = make_float2(O[nt][0], O[nt][1]);
-            if (limB >= 0)
-                *(float2 *)&a.acc[((size_t)s * TH + oB) * E + col] = make_float2(O[nt][2], O[nt][3]);
-        }
+        ak_store_rows(a.acc, O, 1.0f, 1.0f, (size_t)s * TH + oA, (size_t)s * TH + oB, limA >= 0, limB >= 0, t4, E);
         return;
     }
     float iA = lA > 0.0f ? 1.0f / lA : 0.0f, iB = lB > 0.0f ? 1.0f / lB : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        int col = nt * 8 + 2 * t4;
-        if (limA >= 0)
-            *(float2 *)&a.out[(size_t)oA * E + col] = make_float2(O[nt][0] * iA, O[nt][1] * iA);
-        if (limB >= 0)
-            *(float2 *)&a.out[(size_t)oB * E + col] = make_float2(O[nt][2] * iB, O[nt][3] * iB);
-    }
+    ak_store_rows(a.out, O, iA, iB, oA, oB, limA >= 0, limB >= 0, t4, E);
 #else
     (void)a;
 #endif
@@ -1770,22 +1814,11 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
                     xA = fmaxf(xA, S[nt][c]);
                     xB = fmaxf(xB, S[nt][2 + c]);
                 }
+            xA = ak_quad_max(xA);
+            xB = ak_quad_max(xB);
         } else {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    int ent = c0 + nt * 8 + 2 * t4 + c;
-                    S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
-                    S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
-                    xA = fmaxf(xA, S[nt][c]);
-                    xB = fmaxf(xB, S[nt][2 + c]);
-                }
+            ak_scale_mask(S, c0, t4, limA, limB, sc, &xA, &xB);
         }
-        xA = fmaxf(xA, gpu_shfl_xor(xA, 1));
-        xA = fmaxf(xA, gpu_shfl_xor(xA, 2));
-        xB = fmaxf(xB, gpu_shfl_xor(xB, 1));
-        xB = fmaxf(xB, gpu_shfl_xor(xB, 2));
         /* the new maxima; a row with only -inf so far subtracts 0, so that
          * its weights and rescale are ex2(-inf) = 0, never NaN */
         float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
@@ -1804,13 +1837,7 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
         lB = lB * alB + sB;
         mA = nA;
         mB = nB;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            O[nt][0] *= alA;
-            O[nt][1] *= alA;
-            O[nt][2] *= alB;
-            O[nt][3] *= alB;
-        }
+        ak_scale_rows(O, alA, alB);
         /* O += P·V, P as f16 from the C fragments */
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -1827,19 +1854,10 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
         }
     }
     akd_wait<0>(); /* the copies past the last step */
-    lA += gpu_shfl_xor(lA, 1);
-    lA += gpu_shfl_xor(lA, 2);
-    lB += gpu_shfl_xor(lB, 1);
-    lB += gpu_shfl_xor(lB, 2);
+    lA = ak_quad_sum(lA);
+    lB = ak_quad_sum(lB);
     float iA = lA > 0.0f ? 1.0f / lA : 0.0f, iB = lB > 0.0f ? 1.0f / lB : 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        int col = nt * 8 + 2 * t4;
-        if (limA >= 0)
-            *(float2 *)&a.out[(size_t)oA * E + col] = make_float2(O[nt][0] * iA, O[nt][1] * iA);
-        if (limB >= 0)
-            *(float2 *)&a.out[(size_t)oB * E + col] = make_float2(O[nt][2] * iB, O[nt][3] * iB);
-    }
+    ak_store_rows(a.out, O, iA, iB, oA, oB, limA >= 0, limB >= 0, t4, E);
 #else
     (void)a;
 #endif
