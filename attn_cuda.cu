@@ -1642,8 +1642,8 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
  * that cross a row's limit. Q enters as f16 hi + lo, as in ak_mma; P as
  * f16 alone: its weights lie in [0, 1] and their roundings, independent
  * from cell to cell, average out in P·V (the GPU's RMS error against FP64
- * stays within 2% of the CPU path's, gpu/attn), where Q's enter every
- * score of a row alike (alone they take it to 1.3-1.45 times). A row's
+ * stays within 2% of the CPU path's, gpu/attn), where Q's rounding enters
+ * every score of a row alike (Q as f16 alone: 1.3-1.45 times). A row's
  * arithmetic does not depend on the rows beside it, so the dense path
  * (AKF_DENSE_W warps: 128 rows, one block an SM) and the QSA path (a
  * block per query and kv head of AKF_QSA_W warps) give one query the same

@@ -625,7 +625,8 @@ static void case_bench(void)
                     /* K·Q and P·V over the visible cells: 4·E flops per (query head, cell) */
                     double fl = 4.0 * E * H * ((double)T * (C - T) + (double)T * (T + 1) / 2);
                     printf("     %-5s prompt  T %4d at %5d cells: %8.4f ms  %6.1f TFLOP/s  [%s]\n",
-                           kv_cell_name(cells[f]), T, C, ms, fl / (ms * 1e-3) / 1e12, gpu_attn_kernel_name(&dc.a, 0, 0));
+                           kv_cell_name(cells[f]), T, C, ms, fl / (ms * 1e-3) / 1e12,
+                           gpu_attn_kernel_name(&dc.a, 0, 0));
                     CHECK(ms > 0, "timing failed");
                 }
                 int nv = dec && cells[f] != KV_CELL_Q4 ? (int)(sizeof bench_dec / sizeof *bench_dec) : 1;
