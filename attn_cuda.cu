@@ -16,11 +16,12 @@
  *            the G query heads of a kv head together, so K/V are read once
  *            per tile) or a QSA list, whole or one split-KV partition that
  *            writes (max, sum, acc) to scratch. Head dims 64, 128, 256.
- *   ak_flash (sm_80+) the prompts (dense and QSA) over f16 cells of head
- *            dim 64 or 128, the default KV's: ak_mma's tiles made for long
- *            prompts (dense: 8 warps, 128 rows a block), K/V steps copied
- *            raw by cp.async into a ring of stages, fragments by
- *            ldmatrix, the softmax in base 2, P as f16 alone (below).
+ *   ak_flash (sm_80+) the prompts (dense and QSA) over f16 and int8 cells
+ *            of head dim 64 or 128: ak_mma's tiles made for long prompts
+ *            (dense: 8 warps, 128 rows a block), K/V steps copied raw by
+ *            cp.async into a ring of stages (int8 rows decoded to f16 a
+ *            step at a time), fragments by ldmatrix, the softmax in base 2,
+ *            P as f16 alone (below).
  *   ak_mma<QK8> (sm_80+, int8 cells, STRATA_QSA_SPLIT_ATTN=1, opt-in) the
  *            QSA split decode with K·Q as int8 mma (m16n8k32 s8 on the
  *            pages' codes, Q quantised per row like the keys), P·V as above.
@@ -1630,16 +1631,18 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #endif
 }
 
-/* ==== ak_flash: prompts over f16 cells (sm_80+) ==== */
+/* ==== ak_flash: prompts over f16 and int8 cells (sm_80+) ==== */
 
-/* A prompt kernel for the common case, f16 cells of E = 64 or 128 (E =
- * 256 needs registers it lacks), dense and QSA: a block is NW warps of 16
- * rows, its K/V steps copied raw by cp.async into a ring of NST stages in
- * shared memory (NST - 1 steps in flight while one is computed, one
- * barrier a step, no registers hold them), each step's page ids read a
- * step ahead, fragments read by ldmatrix, the softmax in base 2 (log2 e
- * folded into the scale, each weight one ex2), the mask only on the steps
- * that cross a row's limit. Q enters as f16 hi + lo, as in ak_mma; P as
+/* A prompt kernel for the common cases, f16 and int8 cells of E = 64 or
+ * 128 (E = 256 needs registers it lacks), dense and QSA: a block is NW
+ * warps of 16 rows, its K/V steps copied raw by cp.async into a ring of NST
+ * stages in shared memory (NST - 1 steps in flight while one is computed,
+ * one barrier a step, no registers hold them; int8 rows, 4-byte aligned,
+ * are copied a word at a time and decoded to f16 as ak_mma decodes them,
+ * d·q rounded, into one step's tiles behind a second barrier), each
+ * step's page ids read a step ahead, fragments read by ldmatrix, the
+ * softmax in base 2 (log2 e folded into the scale, each weight one ex2),
+ * the mask only on the steps that cross a row's limit. Q enters as f16 hi + lo, as in ak_mma; P as
  * f16 alone: its weights lie in [0, 1] and their roundings, independent
  * from cell to cell, average out in P·V (the GPU's RMS error against FP64
  * stays within 2% of the CPU path's, gpu/attn), where Q's rounding enters
@@ -1654,10 +1657,14 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #define AKF_QSA_NST 2
 
 /* Shared bytes: Q hi and lo (16·NW rows), then the ring's stages, each a
- * step's K rows then its V rows, all rows E + AK_PAD halves. */
-static size_t akf_smem(int E, int NW, int NST)
+ * step's K rows then its V rows, all rows E + AK_PAD halves; int8 cells
+ * (i8): one such step decoded, and the ring's rows raw (4 + E bytes). */
+static size_t akf_smem(int E, int NW, int NST, int i8)
 {
-    return (size_t)(2 * 16 * NW + NST * 2 * AK_BC) * (E + AK_PAD) * 2;
+    size_t ld = (size_t)(E + AK_PAD) * 2;
+    if (i8)
+        return (2 * 16 * NW + 2 * AK_BC) * ld + (size_t)NST * 2 * AK_BC * (4 + E);
+    return (2 * 16 * NW + NST * 2 * AK_BC) * ld;
 }
 
 #ifdef AK_MMA_BODY
@@ -1674,14 +1681,19 @@ static __device__ __forceinline__ void ak_ldm4(uint32_t r[4], const void *p)
 /* Block (kv head h, tile z): dense, rows r0..r1-1 of the T·G rows of kv
  * head h (row r: query t = r/G, head h·G + r%G; cells 0..pos0+t); QSA,
  * z = t·tiles + tile, the rows of query t and its list. */
-template <int E, int NW, int NST>
+template <int ROW, int E, int NW, int NST>
 __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
 {
 #ifdef AK_MMA_BODY
-    constexpr int ROWS = 16 * NW, LD = E + AK_PAD, NT = E / 8, CH = E / 8, NTH = 32 * NW, RPP = NTH / CH;
+    /* a copy puts CH threads on a row: 16 bytes each for f16, int8 rows
+     * (RW words, 4-byte aligned) a word at a time */
+    constexpr bool I8 = ROW == ROW_I8;
+    constexpr int ROWS = 16 * NW, LD = E + AK_PAD, NT = E / 8, NTH = 32 * NW, RW = (4 + E) / 4;
+    constexpr int CH = I8 ? NTH / AK_BC : E / 8, RPP = NTH / CH;
     constexpr int RK = AK_BC / RPP; /* rows of a step a thread copies */
     extern __shared__ __align__(16) uint8_t ak_smem[];
     __half *Qh = (__half *)ak_smem, *Ql = Qh + ROWS * LD, *ring = Ql + ROWS * LD;
+    uint32_t *raw = (uint32_t *)(ring + 2 * AK_BC * LD); /* int8: the ring; ring holds the decoded step */
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
     int h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1, n_ent;
     const int32_t *list = NULL;
@@ -1724,6 +1736,7 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
     };
     auto issue = [&](int i) {
         __half *Kd = ring + (i % NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
+        uint32_t *Kr = raw + (i % NST) * 2 * AK_BC * RW, *Vr = Kr + AK_BC * RW;
         int part = tid % CH;
 #pragma unroll
         for (int k = 0; k < RK; k++) {
@@ -1731,8 +1744,16 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
             bool ok = cl[k] >= 0;
             const uint8_t *b = ok ? blk + (size_t)pg[k] * a.page_bytes : a.pages;
             size_t in = (size_t)(cl[k] & (a.P - 1));
-            akd_cp16(Kd + j * LD + part * 8, b + in * a.kbytes + part * 16, ok);
-            akd_cp16(Vd + j * LD + part * 8, b + (size_t)a.P * a.kbytes + in * a.vbytes + part * 16, ok);
+            const uint8_t *kr = b + in * a.kbytes, *vr = b + (size_t)a.P * a.kbytes + in * a.vbytes;
+            if (I8) {
+                for (int wd = part; wd < RW; wd += CH) {
+                    akd_cp4(Kr + j * RW + wd, kr + 4 * wd, ok);
+                    akd_cp4(Vr + j * RW + wd, vr + 4 * wd, ok);
+                }
+            } else {
+                akd_cp16(Kd + j * LD + part * 8, kr + part * 16, ok);
+                akd_cp16(Vd + j * LD + part * 8, vr + part * 16, ok);
+            }
         }
         akd_commit();
     };
@@ -1775,10 +1796,21 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
         else
             akd_commit(); /* an empty group: the wait above counts NST - 2 behind */
         pages(i + NST);
+        if (I8) {
+            /* the step's rows decoded to f16 as ak_mma's are (d·q rounded),
+             * 8 values an item, into the one decoded step */
+            const uint32_t *st = raw + (i % NST) * 2 * AK_BC * RW;
+            for (int it = tid; it < 2 * AK_BC * (E / 8); it += NTH) {
+                int r = it / (E / 8), e8 = it % (E / 8) * 8;
+                ak_raw v = {make_uint4(st[r * RW + 1 + e8 / 4], st[r * RW + 2 + e8 / 4], 0, 0), st[r * RW]};
+                *(uint4 *)&ring[r * LD + e8] = ak_cvt<ROW_I8>(v, e8);
+            }
+            __syncthreads();
+        }
         int c0 = i * AK_BC;
         if (c0 > wlim)
             continue; /* every row of this warp is done (causal), or it has none */
-        const __half *Ks = ring + (i % NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
+        const __half *Ks = ring + (I8 ? 0 : i % NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
 
         /* S = Q·Kᵀ: (16 rows) x (64 entries), Q as hi + lo */
         float S[8][4];
@@ -1886,6 +1918,7 @@ enum ak_envreq { ENV_NONE, ENV_PRE75, ENV_QSA_SPLIT };
 #define AK_DIMS_MMA 7u /* bit 0: E 64, bit 1: 128, bit 2: 256; bit 3: any other */
 #define AK_ANY 0xffffffffu
 #define AK_CELLS_DEC ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8))
+#define AK_CELLS_FLASH ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8))
 
 /* The dispatch table: the first rule matching (path, arch, cell, E, rows,
  * env) picks the kernel; rows: the query rows that share one walk over the
@@ -1907,10 +1940,10 @@ static const struct ak_rule {
     {AP_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 split-KV + merge"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 3u, 16, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_DEC, 4u, 8, ENV_NONE, AK_DEC, "dec16 qsa split-KV + merge"},
-    {AP_PROMPT, 80, INT_MAX, 1u << KV_CELL_F16, 3u, 0, ENV_NONE, AK_FLASH, "flash16 prompt"},
+    {AP_PROMPT, 80, INT_MAX, AK_CELLS_FLASH, 3u, 0, ENV_NONE, AK_FLASH, "flash16 prompt"},
     {AP_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 prompt"},
     {AP_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 split-KV + merge"},
-    {AP_QSA_PROMPT, 80, INT_MAX, 1u << KV_CELL_F16, 3u, 0, ENV_NONE, AK_FLASH, "flash16 qsa"},
+    {AP_QSA_PROMPT, 80, INT_MAX, AK_CELLS_FLASH, 3u, 0, ENV_NONE, AK_FLASH, "flash16 qsa"},
     {AP_QSA_PROMPT, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa"},
     {AP_QSA_DECODE, 80, INT_MAX, AK_CELLS_MMA, AK_DIMS_MMA, 0, ENV_NONE, AK_MMA, "mma16 qsa split-KV + merge"},
     {AP_PROMPT, 0, INT_MAX, AK_ANY, AK_ANY, 0, ENV_NONE, AK_SIMT, "simt prompt"},
@@ -2077,14 +2110,21 @@ static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, g
     return split ? ak_launch_merge(g, a, S, st, err, errlen) : 0;
 }
 
+template <int E, int NW, int NST>
+static ak_fn akf_of(int i8)
+{
+    return i8 ? ak_flash<ROW_I8, E, NW, NST> : ak_flash<ROW_F16, E, NW, NST>;
+}
+
 static int ak_launch_flash(const struct gpu_attn *g, int path, gpuStream_t st, char *err, size_t errlen)
 {
     int qsa = path == AP_QSA_PROMPT, nw = qsa ? AKF_QSA_W : AKF_DENSE_W, nst = qsa ? AKF_QSA_NST : AKF_DENSE_NST;
+    int i8 = g->kv.cell == KV_CELL_INT8;
     ak_args a = ak_args_of(g, qsa);
     a.tiles = ((qsa ? 1 : g->T) * a.G + 16 * nw - 1) / (16 * nw);
-    ak_fn fn = a.E == 64 ? (qsa ? ak_flash<64, AKF_QSA_W, AKF_QSA_NST> : ak_flash<64, AKF_DENSE_W, AKF_DENSE_NST>)
-                         : (qsa ? ak_flash<128, AKF_QSA_W, AKF_QSA_NST> : ak_flash<128, AKF_DENSE_W, AKF_DENSE_NST>);
-    size_t smem = akf_smem(a.E, nw, nst);
+    ak_fn fn = a.E == 64 ? (qsa ? akf_of<64, AKF_QSA_W, AKF_QSA_NST>(i8) : akf_of<64, AKF_DENSE_W, AKF_DENSE_NST>(i8))
+                         : (qsa ? akf_of<128, AKF_QSA_W, AKF_QSA_NST>(i8) : akf_of<128, AKF_DENSE_W, AKF_DENSE_NST>(i8));
+    size_t smem = akf_smem(a.E, nw, nst, i8);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
             errlen);
     fn<<<dim3(1, a.K, (qsa ? g->T : 1) * a.tiles), 32 * nw, smem, st>>>(a);
