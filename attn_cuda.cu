@@ -16,12 +16,12 @@
  *            the G query heads of a kv head together, so K/V are read once
  *            per tile) or a QSA list, whole or one split-KV partition that
  *            writes (max, sum, acc) to scratch. Head dims 64, 128, 256.
- *   ak_flash (sm_80+) the prompts (dense and QSA) over f16 and int8 cells
- *            of head dim 64 or 128: ak_mma's tiles made for long prompts
- *            (dense: 8 warps, 128 rows a block), K/V steps copied raw by
- *            cp.async into a ring of stages (int8 rows decoded to f16 a
- *            step at a time), fragments by ldmatrix, the softmax in base 2,
- *            P as f16 alone (below).
+ *   ak_flash (sm_80+) the prompts (dense and QSA) over f16, int8, q4 and
+ *            k8v4 cells of head dim 64 or 128: ak_mma's tiles made for long
+ *            prompts (dense: 8 warps, 128 rows a block), K/V steps copied
+ *            raw by cp.async into a ring of stages (quantised rows decoded
+ *            to f16 a step at a time), fragments by ldmatrix, the softmax
+ *            in base 2, P as f16 alone (below).
  *   ak_mma<QK8> (sm_80+, int8 cells, STRATA_QSA_SPLIT_ATTN=1, opt-in) the
  *            QSA split decode with K·Q as int8 mma (m16n8k32 s8 on the
  *            pages' codes, Q quantised per row like the keys), P·V as above.
@@ -1631,15 +1631,16 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #endif
 }
 
-/* ==== ak_flash: prompts over f16 and int8 cells (sm_80+) ==== */
+/* ==== ak_flash: prompts over every f16 and quantised cell (sm_80+) ==== */
 
-/* A prompt kernel for the common cases, f16 and int8 cells of E = 64 or
- * 128 (E = 256 needs registers it lacks), dense and QSA: a block is NW
- * warps of 16 rows, its K/V steps copied raw by cp.async into a ring of NST
- * stages in shared memory (NST - 1 steps in flight while one is computed,
- * one barrier a step, no registers hold them; int8 rows, 4-byte aligned,
- * are copied a word at a time and decoded to f16 as ak_mma decodes them,
- * d·q rounded, into one step's tiles behind a second barrier), each
+/* A prompt kernel for every cell but f32, E = 64 or 128 (E = 256 needs
+ * registers it lacks), dense and QSA: a block is NW warps of 16 rows, its
+ * K/V steps copied raw by cp.async into a ring of NST stages in shared
+ * memory (NST - 1 steps in flight while one is computed, one barrier a
+ * step, no registers hold them; int8 and Q4_0 rows, 4-byte aligned at
+ * these E, are copied a word at a time and decoded to f16 as ak_mma
+ * decodes them, d·q rounded, into one step's tiles behind a second
+ * barrier), each
  * step's page ids read a step ahead, fragments read by ldmatrix, the
  * softmax in base 2 (log2 e folded into the scale, each weight one ex2),
  * the mask only on the steps that cross a row's limit. Q enters as f16 hi + lo, as in ak_mma; P as
@@ -1656,14 +1657,22 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
 #define AKF_QSA_W 4
 #define AKF_QSA_NST 2
 
+/* 4-byte words of a raw row: int8 (scale + E codes), Q4_0 (E / 32 blocks
+ * of 18 bytes, E a multiple of 64). */
+static __host__ __device__ constexpr int akf_words(int row, int E)
+{
+    return row == ROW_I8 ? (4 + E) / 4 : row == ROW_Q4 ? E / 32 * 18 / 4 : 0;
+}
+
 /* Shared bytes: Q hi and lo (16·NW rows), then the ring's stages, each a
- * step's K rows then its V rows, all rows E + AK_PAD halves; int8 cells
- * (i8): one such step decoded, and the ring's rows raw (4 + E bytes). */
-static size_t akf_smem(int E, int NW, int NST, int i8)
+ * step's K rows then its V rows, all rows E + AK_PAD halves; quantised
+ * cells: one such step decoded, and the ring's rows raw (kw + vw words,
+ * akf_words). */
+static size_t akf_smem(int E, int NW, int NST, int kw, int vw)
 {
     size_t ld = (size_t)(E + AK_PAD) * 2;
-    if (i8)
-        return (2 * 16 * NW + 2 * AK_BC) * ld + (size_t)NST * 2 * AK_BC * (4 + E);
+    if (kw)
+        return (2 * 16 * NW + 2 * AK_BC) * ld + (size_t)NST * AK_BC * (kw + vw) * 4;
     return (2 * 16 * NW + NST * 2 * AK_BC) * ld;
 }
 
@@ -1680,20 +1689,22 @@ static __device__ __forceinline__ void ak_ldm4(uint32_t r[4], const void *p)
 
 /* Block (kv head h, tile z): dense, rows r0..r1-1 of the T·G rows of kv
  * head h (row r: query t = r/G, head h·G + r%G; cells 0..pos0+t); QSA,
- * z = t·tiles + tile, the rows of query t and its list. */
-template <int ROW, int E, int NW, int NST>
+ * z = t·tiles + tile, the rows of query t and its list. KR, VR: the K and
+ * V rows' formats (both ROW_F16, or quantised). */
+template <int KR, int VR, int E, int NW, int NST>
 __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
 {
 #ifdef AK_MMA_BODY
-    /* a copy puts CH threads on a row: 16 bytes each for f16, int8 rows
-     * (RW words, 4-byte aligned) a word at a time */
-    constexpr bool I8 = ROW == ROW_I8;
-    constexpr int ROWS = 16 * NW, LD = E + AK_PAD, NT = E / 8, NTH = 32 * NW, RW = (4 + E) / 4;
-    constexpr int CH = I8 ? NTH / AK_BC : E / 8, RPP = NTH / CH;
+    /* a copy puts CH threads on a row: 16 bytes each for f16, quantised
+     * rows (KW, VW words, 4-byte aligned) a word at a time */
+    constexpr bool QR = KR != ROW_F16;
+    constexpr int ROWS = 16 * NW, LD = E + AK_PAD, NT = E / 8, NTH = 32 * NW;
+    constexpr int KW = akf_words(KR, E), VW = akf_words(VR, E);
+    constexpr int CH = QR ? NTH / AK_BC : E / 8, RPP = NTH / CH;
     constexpr int RK = AK_BC / RPP; /* rows of a step a thread copies */
     extern __shared__ __align__(16) uint8_t ak_smem[];
     __half *Qh = (__half *)ak_smem, *Ql = Qh + ROWS * LD, *ring = Ql + ROWS * LD;
-    uint32_t *raw = (uint32_t *)(ring + 2 * AK_BC * LD); /* int8: the ring; ring holds the decoded step */
+    uint32_t *raw = (uint32_t *)(ring + 2 * AK_BC * LD); /* quantised: the ring; ring holds the decoded step */
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
     int h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1, n_ent;
     const int32_t *list = NULL;
@@ -1736,7 +1747,7 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
     };
     auto issue = [&](int i) {
         __half *Kd = ring + (i % NST) * 2 * AK_BC * LD, *Vd = Kd + AK_BC * LD;
-        uint32_t *Kr = raw + (i % NST) * 2 * AK_BC * RW, *Vr = Kr + AK_BC * RW;
+        uint32_t *Kr = raw + (i % NST) * AK_BC * (KW + VW), *Vr = Kr + AK_BC * KW;
         int part = tid % CH;
 #pragma unroll
         for (int k = 0; k < RK; k++) {
@@ -1745,11 +1756,11 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
             const uint8_t *b = ok ? blk + (size_t)pg[k] * a.page_bytes : a.pages;
             size_t in = (size_t)(cl[k] & (a.P - 1));
             const uint8_t *kr = b + in * a.kbytes, *vr = b + (size_t)a.P * a.kbytes + in * a.vbytes;
-            if (I8) {
-                for (int wd = part; wd < RW; wd += CH) {
-                    akd_cp4(Kr + j * RW + wd, kr + 4 * wd, ok);
-                    akd_cp4(Vr + j * RW + wd, vr + 4 * wd, ok);
-                }
+            if (QR) {
+                for (int wd = part; wd < KW; wd += CH)
+                    akd_cp4(Kr + j * KW + wd, kr + 4 * wd, ok);
+                for (int wd = part; wd < VW; wd += CH)
+                    akd_cp4(Vr + j * VW + wd, vr + 4 * wd, ok);
             } else {
                 akd_cp16(Kd + j * LD + part * 8, kr + part * 16, ok);
                 akd_cp16(Vd + j * LD + part * 8, vr + part * 16, ok);
@@ -1796,21 +1807,23 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
         else
             akd_commit(); /* an empty group: the wait above counts NST - 2 behind */
         pages(i + NST);
-        if (I8) {
+        if (QR) {
             /* the step's rows decoded to f16 as ak_mma's are (d·q rounded),
              * 8 values an item, into the one decoded step */
-            const uint32_t *st = raw + (i % NST) * 2 * AK_BC * RW;
-            for (int it = tid; it < 2 * AK_BC * (E / 8); it += NTH) {
+            const uint32_t *st = raw + (i % NST) * AK_BC * (KW + VW);
+            for (int it = tid; it < AK_BC * (E / 8); it += NTH) {
                 int r = it / (E / 8), e8 = it % (E / 8) * 8;
-                ak_raw v = {make_uint4(st[r * RW + 1 + e8 / 4], st[r * RW + 2 + e8 / 4], 0, 0), st[r * RW]};
-                *(uint4 *)&ring[r * LD + e8] = ak_cvt<ROW_I8>(v, e8);
+                ak_raw k = ak_fetch<KR>((const uint8_t *)(st + r * KW), e8);
+                ak_raw v = ak_fetch<VR>((const uint8_t *)(st + AK_BC * KW + r * VW), e8);
+                *(uint4 *)&ring[r * LD + e8] = ak_cvt<KR>(k, e8);
+                *(uint4 *)&ring[(AK_BC + r) * LD + e8] = ak_cvt<VR>(v, e8);
             }
             __syncthreads();
         }
         int c0 = i * AK_BC;
         if (c0 > wlim)
             continue; /* every row of this warp is done (causal), or it has none */
-        const __half *Ks = ring + (I8 ? 0 : i % NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
+        const __half *Ks = ring + (QR ? 0 : i % NST) * 2 * AK_BC * LD, *Vs = Ks + AK_BC * LD;
 
         /* S = Q·Kᵀ: (16 rows) x (64 entries), Q as hi + lo */
         float S[8][4];
@@ -1918,7 +1931,7 @@ enum ak_envreq { ENV_NONE, ENV_PRE75, ENV_QSA_SPLIT };
 #define AK_DIMS_MMA 7u /* bit 0: E 64, bit 1: 128, bit 2: 256; bit 3: any other */
 #define AK_ANY 0xffffffffu
 #define AK_CELLS_DEC ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8))
-#define AK_CELLS_FLASH ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8))
+#define AK_CELLS_FLASH ((1u << KV_CELL_F16) | (1u << KV_CELL_INT8) | (1u << KV_CELL_Q4) | (1u << KV_CELL_K8V4))
 
 /* The dispatch table: the first rule matching (path, arch, cell, E, rows,
  * env) picks the kernel; rows: the query rows that share one walk over the
@@ -2111,20 +2124,27 @@ static int ak_launch_mma(const struct gpu_attn *g, int path, int qk8, int sms, g
 }
 
 template <int E, int NW, int NST>
-static ak_fn akf_of(int i8)
+static ak_fn akf_of(int cell, int *kw, int *vw)
 {
-    return i8 ? ak_flash<ROW_I8, E, NW, NST> : ak_flash<ROW_F16, E, NW, NST>;
+    switch (cell) {
+    case KV_CELL_F16: *kw = *vw = 0; return ak_flash<ROW_F16, ROW_F16, E, NW, NST>;
+    case KV_CELL_INT8: *kw = *vw = akf_words(ROW_I8, E); return ak_flash<ROW_I8, ROW_I8, E, NW, NST>;
+    case KV_CELL_Q4: *kw = *vw = akf_words(ROW_Q4, E); return ak_flash<ROW_Q4, ROW_Q4, E, NW, NST>;
+    default: *kw = akf_words(ROW_I8, E), *vw = akf_words(ROW_Q4, E); return ak_flash<ROW_I8, ROW_Q4, E, NW, NST>;
+    }
 }
 
 static int ak_launch_flash(const struct gpu_attn *g, int path, gpuStream_t st, char *err, size_t errlen)
 {
     int qsa = path == AP_QSA_PROMPT, nw = qsa ? AKF_QSA_W : AKF_DENSE_W, nst = qsa ? AKF_QSA_NST : AKF_DENSE_NST;
-    int i8 = g->kv.cell == KV_CELL_INT8;
+    int cell = g->kv.cell, kw, vw;
     ak_args a = ak_args_of(g, qsa);
     a.tiles = ((qsa ? 1 : g->T) * a.G + 16 * nw - 1) / (16 * nw);
-    ak_fn fn = a.E == 64 ? (qsa ? akf_of<64, AKF_QSA_W, AKF_QSA_NST>(i8) : akf_of<64, AKF_DENSE_W, AKF_DENSE_NST>(i8))
-                         : (qsa ? akf_of<128, AKF_QSA_W, AKF_QSA_NST>(i8) : akf_of<128, AKF_DENSE_W, AKF_DENSE_NST>(i8));
-    size_t smem = akf_smem(a.E, nw, nst, i8);
+    ak_fn fn = a.E == 64 ? (qsa ? akf_of<64, AKF_QSA_W, AKF_QSA_NST>(cell, &kw, &vw)
+                                : akf_of<64, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw))
+                         : (qsa ? akf_of<128, AKF_QSA_W, AKF_QSA_NST>(cell, &kw, &vw)
+                                : akf_of<128, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw));
+    size_t smem = akf_smem(a.E, nw, nst, kw, vw);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
             errlen);
     fn<<<dim3(1, a.K, (qsa ? g->T : 1) * a.tiles), 32 * nw, smem, st>>>(a);
