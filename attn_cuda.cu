@@ -500,25 +500,39 @@ static __device__ __forceinline__ float ak_quad_max(float x)
     return fmaxf(x, gpu_shfl_xor(x, 2));
 }
 
-/* A step's scores S (64 entries from c0) times sc, -inf past each row's
- * last visible entry (limA, limB; -1: no row), and each row's maximum
- * over them (xA, xB). */
-static __device__ __forceinline__ void ak_scale_mask(float (&S)[8][4], int c0, int t4, int limA, int limB, float sc,
-                                                     float *xA, float *xB)
+/* A step's scores S (64 entries from c0): -inf past each row's last
+ * visible entry (limA, limB; -1: no row). */
+static __device__ __forceinline__ void ak_mask(float (&S)[8][4], int c0, int t4, int limA, int limB)
 {
-    float mA = -INFINITY, mB = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             int ent = c0 + nt * 8 + 2 * t4 + c;
-            S[nt][c] = ent <= limA ? S[nt][c] * sc : -INFINITY;
-            S[nt][2 + c] = ent <= limB ? S[nt][2 + c] * sc : -INFINITY;
-            mA = fmaxf(mA, S[nt][c]);
-            mB = fmaxf(mB, S[nt][2 + c]);
+            S[nt][c] = ent <= limA ? S[nt][c] : -INFINITY;
+            S[nt][2 + c] = ent <= limB ? S[nt][2 + c] : -INFINITY;
         }
-    *xA = ak_quad_max(mA);
-    *xB = ak_quad_max(mB);
+}
+
+/* Each row's maximum over a step's scores (xA, xB), pairwise: a chain
+ * of 4 where a running maximum is one of 16. */
+static __device__ __forceinline__ void ak_row_max(const float (&S)[8][4], float *xA, float *xB)
+{
+    float a[8], b[8];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        a[nt] = fmaxf(S[nt][0], S[nt][1]);
+        b[nt] = fmaxf(S[nt][2], S[nt][3]);
+    }
+#pragma unroll
+    for (int n = 4; n >= 1; n /= 2)
+#pragma unroll
+        for (int j = 0; j < n; j++) {
+            a[j] = fmaxf(a[j], a[j + n]);
+            b[j] = fmaxf(b[j], b[j + n]);
+        }
+    *xA = ak_quad_max(a[0]);
+    *xB = ak_quad_max(b[0]);
 }
 
 /* A row's sum over the quad of lanes that hold its columns. */
@@ -1847,39 +1861,30 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
             for (int nt = 0; nt < 8; nt++)
                 gpu_mma16816(S[nt], ah, b[nt / 2][2 * (nt & 1)], b[nt / 2][2 * (nt & 1) + 1]);
         }
-        /* scores in base 2; the mask where a row's limit falls in the step */
-        float xA = -INFINITY, xB = -INFINITY;
-        if (c0 + AK_BC - 1 <= wall) {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    S[nt][c] *= sc;
-                    S[nt][2 + c] *= sc;
-                    xA = fmaxf(xA, S[nt][c]);
-                    xB = fmaxf(xB, S[nt][2 + c]);
-                }
-            xA = ak_quad_max(xA);
-            xB = ak_quad_max(xB);
-        } else {
-            ak_scale_mask(S, c0, t4, limA, limB, sc, &xA, &xB);
-        }
+        /* the mask where a row's limit falls in the step; the maxima of
+         * the raw scores, then in base 2 (sc > 0: the same as the maxima
+         * of the scaled scores) */
+        if (c0 + AK_BC - 1 > wall)
+            ak_mask(S, c0, t4, limA, limB);
+        float xA, xB;
+        ak_row_max(S, &xA, &xB);
         /* the new maxima; a row with only -inf so far subtracts 0, so that
          * its weights and rescale are ex2(-inf) = 0, never NaN */
-        float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        float nA = fmaxf(mA, xA * sc), nB = fmaxf(mB, xB * sc);
         float bA = nA == -INFINITY ? 0.0f : nA, bB = nB == -INFINITY ? 0.0f : nB;
-        float alA = akd_ex2(mA - bA), alB = akd_ex2(mB - bB), sA = 0.0f, sB = 0.0f;
+        float alA = akd_ex2(mA - bA), alB = akd_ex2(mB - bB), sA[4] = {}, sB[4] = {};
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                S[nt][c] = akd_ex2(S[nt][c] - bA);
-                S[nt][2 + c] = akd_ex2(S[nt][2 + c] - bB);
-                sA += S[nt][c];
-                sB += S[nt][2 + c];
+                S[nt][c] = akd_ex2(fmaf(S[nt][c], sc, -bA));
+                S[nt][2 + c] = akd_ex2(fmaf(S[nt][2 + c], sc, -bB));
+                sA[nt & 3] += S[nt][c];
+                sB[nt & 3] += S[nt][2 + c];
             }
-        lA = lA * alA + sA; /* this lane's columns; the quad is summed at the end */
-        lB = lB * alB + sB;
+        /* this lane's columns; the quad is summed at the end */
+        lA = lA * alA + ((sA[0] + sA[1]) + (sA[2] + sA[3]));
+        lB = lB * alB + ((sB[0] + sB[1]) + (sB[2] + sB[3]));
         mA = nA;
         mB = nB;
         ak_scale_rows(O, alA, alB);
@@ -2144,6 +2149,10 @@ static int ak_launch_flash(const struct gpu_attn *g, int path, gpuStream_t st, c
                                 : akf_of<64, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw))
                          : (qsa ? akf_of<128, AKF_QSA_W, AKF_QSA_NST>(cell, &kw, &vw)
                                 : akf_of<128, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw));
+    if (!qsa && a.E == 128 && ak_env("STRATA_X_NST4")) { /* XXX run 2 only */
+        fn = akf_of<128, AKF_DENSE_W, 4>(cell, &kw, &vw);
+        nst = 4;
+    }
     size_t smem = akf_smem(a.E, nw, nst, kw, vw);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
             errlen);

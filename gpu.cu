@@ -2625,6 +2625,164 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
     }
 #endif
 }
+
+/* ==== a prompt's Q4_K experts as f16 mma, the weights decoded in registers ====
+ * gf_mvx_kernel's int8 mma leaves each product's sums to be scaled a
+ * 32-column block at a time (the K-quants' scale and min a block, the
+ * activation's scale a block and row): ~40 instructions an mma, the
+ * kernel's limit at ~32 rows an expert. Here the weights are decoded
+ * into f16 mma A operands with their block's scale and min applied (d·sc·q
+ * − dmin·m, rounded to f16 as gg_mma's tiles are), so that the mma's f32
+ * sums run the whole row, against the rows' activation in f16 (xh,
+ * gf_half4_kernel). A warp takes 32 rows (two m-tiles) of expert
+ * blockIdx.y, lane (g, t4) its rows g + 8j; of each 256-column superblock
+ * lane t4 takes the 32 bytes 32·t4.. of the rows' nibbles (sub-blocks
+ * 2·t4, 2·t4 + 1: two scales and mins a row), each word of them four
+ * columns of each of the two sub-blocks. Any order of the product's
+ * columns serves when both operands follow it: a word's low nibbles
+ * (columns c..c+3 of sub-block 2·t4) are the lane's k of one mma, 2t4,
+ * 2t4+1 = c, c+2 and 2t4+8, 2t4+9 = c+1, c+3, its high nibbles (sub-block
+ * 2·t4 + 1) another's, and xh holds each four columns in the order 0, 2,
+ * 1, 3, so that a token's B operand of one mma is one 8-byte load. The
+ * next superblock's bytes load during this one's mma; tokens in tiles of
+ * 8·NB, no barrier. */
+#define GF_MVXH_WARPS 8
+
+/* f16 copies of rows of x (n a multiple of 4), each four in the order 0, 2, 1, 3 */
+__global__ void gf_half4_kernel(const float4 *x, uint2 *y, size_t n4)
+{
+    gf_pdl_begin();
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 v = x[i];
+        y[i] = make_uint2(gpu_pack16(v.x, v.z), gpu_pack16(v.y, v.w));
+    }
+}
+
+/* Sub-block j's scale and min of a Q4_K block whose scale bytes 0..7 are
+ * lo and 8..11 hi (quant.c's get_scale_min_k4) */
+static __device__ __forceinline__ void gf_k4_sm(uint64_t lo, uint32_t hi, int j, int *sc, int *m)
+{
+    auto lb = [&](int k) { return (int)(lo >> (8 * k)) & 255; };
+    if (j < 4) {
+        *sc = lb(j) & 63, *m = lb(j + 4) & 63;
+    } else {
+        int h = (int)(hi >> (8 * (j - 4))) & 255;
+        *sc = (h & 15) | (lb(j - 4) >> 6) << 4, *m = (h >> 4) | (lb(j) >> 6) << 4;
+    }
+}
+
+/* The 8 nibbles of word w as four f16 pairs (c, c+2 and c+1, c+3 of the
+ * low nibbles, then of the high), each q·s − m */
+static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2 mlo, __half2 shi, __half2 mhi,
+                                                uint32_t (&h)[4])
+{
+    const __half2 k1024 = __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400));
+    uint32_t v[4] = {w, w >> 8, w >> 4, w >> 12};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t x = (v[i] & 0x000f000fu) | 0x64006400u;   /* 1024 + q, exactly */
+        __half2 q = __hsub2(*(__half2 *)&x, k1024);
+        __half2 r = __hfma2(q, i < 2 ? slo : shi, i < 2 ? mlo : mhi);
+        h[i] = *(uint32_t *)&r;
+    }
+}
+
+template <int NB>
+__global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv p, const __half *xh,
+                                                                           const int32_t *offs)
+{
+    GPU_TRACE(GT_MVX);
+#if __CUDA_ARCH__ >= 800
+    int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = lane / 4, t4 = lane % 4;
+    int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / 256;
+    int r0 = (blockIdx.x * GF_MVXH_WARPS + warp) * 32;
+    const uint8_t *w[4];   /* the lane's rows g + 8j (past the end: the last row, not written) */
+    int pt[4], rr[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        pt[j] = gf_mv_part(p, min(r0 + g + 8 * j, total - 1), &rr[j]);
+        w[j] = p.w[pt[j]] + (size_t)e * p.estride + (size_t)rr[j] * p.ldw;
+    }
+    /* a superblock's bytes of the lane's rows: d, dmin and scales; its 32 nibble bytes */
+    int4 hd[4], q0[4], q1[4];
+    auto fetch = [&](int sb) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *b = w[j] + (size_t)sb * 144;
+            hd[j] = *(const int4 *)b;
+            q0[j] = *(const int4 *)(b + 16 + 32 * t4);
+            q1[j] = *(const int4 *)(b + 32 + 32 * t4);
+        }
+    };
+    if (r0 < total)
+        fetch(0);
+    gf_pdl_begin();
+    int a0 = offs[e], m = offs[e + 1] - a0;
+    if (r0 >= total)
+        return;
+    for (int t0 = 0; t0 < m; t0 += 8 * NB) {
+        int tt = min(m - t0, 8 * NB);   /* the tile's rows */
+        const __half *xr[NB];           /* token 8b + g's columns 64·t4.. (past the tile: its last row) */
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+            xr[b] = xh + (size_t)(a0 + t0 + min(8 * b + g, tt - 1)) * p.n + 64 * t4;
+        float acc[2][NB][4] = {};
+        for (int sb = 0; sb < nsb; sb++) {
+            int4 h[4] = {hd[0], hd[1], hd[2], hd[3]}, u0[4] = {q0[0], q0[1], q0[2], q0[3]};
+            int4 u1[4] = {q1[0], q1[1], q1[2], q1[3]};
+            fetch(sb + 1 < nsb ? sb + 1 : 0);   /* the next superblock (the next tile's first) */
+            __half2 slo[4], mlo[4], shi[4], mhi[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint64_t lo = (uint32_t)h[j].y | (uint64_t)(uint32_t)h[j].z << 32;
+                int sc0, m0, sc1, m1;
+                gf_k4_sm(lo, (uint32_t)h[j].w, 2 * t4, &sc0, &m0);
+                gf_k4_sm(lo, (uint32_t)h[j].w, 2 * t4 + 1, &sc1, &m1);
+                float d = gf_h2f((uint16_t)h[j].x), dm = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
+                slo[j] = __float2half2_rn(d * (float)sc0), mlo[j] = __float2half2_rn(-dm * (float)m0);
+                shi[j] = __float2half2_rn(d * (float)sc1), mhi[j] = __float2half2_rn(-dm * (float)m1);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                uint32_t a[4][4];   /* row j's word i: its four pairs */
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int4 &u = i < 4 ? u0[j] : u1[j];
+                    int wd = (i & 3) == 0 ? u.x : (i & 3) == 1 ? u.y : (i & 3) == 2 ? u.z : u.w;
+                    gf_q4_h8((uint32_t)wd, slo[j], mlo[j], shi[j], mhi[j], a[j]);
+                }
+#pragma unroll
+                for (int side = 0; side < 2; side++) {
+                    uint2 bx[NB];
+#pragma unroll
+                    for (int b = 0; b < NB; b++)
+                        bx[b] = *(const uint2 *)(xr[b] + (size_t)sb * 256 + 32 * side + 4 * i);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        const uint32_t A[4] = {a[2 * mt][2 * side], a[2 * mt + 1][2 * side], a[2 * mt][2 * side + 1],
+                                               a[2 * mt + 1][2 * side + 1]};
+#pragma unroll
+                        for (int b = 0; b < NB; b++)
+                            gpu_mma16816(acc[mt][b], A, bx[b].x, bx[b].y);
+                    }
+                }
+            }
+        }
+        /* acc[mt][b][i]: row 16mt + g + 8·(i/2), token 8b + 2t4 + i%2 */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int t = 8 * b + 2 * t4 + i % 2, j = 2 * mt + i / 2;
+                    if (t < tt && r0 + g + 8 * j < total)
+                        *gf_mv_at(p, pt[j], 0, a0 + t0 + t, rr[j]) = acc[mt][b][i];
+                }
+    }
+#endif
+}
 #endif
 
 /* ==== activations: RMSNorm / SwiGLU / plain, then int8 blocks ==== */
@@ -4253,12 +4411,24 @@ static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
     return !gf_env("STRATA_GPU_MOE_GEMM");
 }
 
+/* Whether gf_mvx takes the stacks w as f16 mma (gf_mvxh_kernel): Q4_K,
+ * whose rows' f32 activation it reads, not the int8 one */
+static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
+{
+    for (int k = 0; k < n_w; k++)
+        if (w[k]->type != QT_Q4_K)
+            return 0;
+    return !gf_env("STRATA_X_NO_MVXH"); /* XXX run 3 only */
+}
+
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
- * each expert's rows of the int8 activation (c->aq, c->ads; gq_act_at's
- * layout of bt = n) against that expert of each stack w[k] (one type and
- * width) into y[k], ldy a row, the stacks in one launch (gf_mvx_kernel) */
+ * each expert's rows of the activation against that expert of each stack
+ * w[k] (one type and width) into y[k], ldy a row, the stacks in one
+ * launch: Q4_K (gf_mvxh_takes) the rows' f32 activation xf, in f16 in
+ * c->gemm_scratch (gf_mvxh_kernel), the other types its int8 blocks
+ * (c->aq, c->ads; gq_act_at's layout of bt = n; gf_mvx_kernel) */
 static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
-                  char *err, size_t errlen)
+                  const float *xf, char *err, size_t errlen)
 {
     gf_mv p;
     memset(&p, 0, sizeof p);
@@ -4271,8 +4441,21 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     }
 #ifdef GPU_CUDA
     int X = c->g->hp.n_expert, avg = (n + X - 1) / X;
-    dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
     const int32_t *offs = c->offs;
+    if (gf_mvxh_takes(w, n_w)) {
+        size_t n4 = (size_t)n * p.n / 4;
+        const __half *xh = (const __half *)c->gemm_scratch;
+        gf_launch(gf_half4_kernel, (unsigned)((n4 + 255) / 256), 256, 0, c->stream, (const float4 *)xf,
+                  (uint2 *)c->gemm_scratch, n4);
+        dim3 grid((p.end[n_w - 1] + 32 * GF_MVXH_WARPS - 1) / (32 * GF_MVXH_WARPS), X);
+        if (avg <= 8)
+            gf_launch(gf_mvxh_kernel<2>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, offs);
+        else
+            gf_launch(gf_mvxh_kernel<4>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, offs);
+        GF_LAUNCH_CHECK(err, errlen);
+        return 0;
+    }
+    dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
     switch (w[0]->type) {   /* (gf_mvx_takes: one of gf_mvq_units' types) */
     case QT_Q4_0: gf_mvx_launch<gf_q4_0>(p, grid, avg, offs, c->stream); break;
     case QT_Q4_1: gf_mvx_launch<gf_q4_1>(p, grid, avg, offs, c->stream); break;
@@ -4295,7 +4478,7 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
 #else
-    (void)n;   /* (gf_mvx_takes: never in a HIP build) */
+    (void)n, (void)xf;   /* (gf_mvx_takes: never in a HIP build) */
     return strata_errf(err, errlen, "GPU: no tensor-core experts' kernel in this build");
 #endif
 }
@@ -4398,8 +4581,10 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     float *gu_y[2] = {c->gt, c->up};
     int mvx = gf_mvx_takes(ly, n, X);
     if (mvx) {
-        if (gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err, errlen) ||
-            gf_mvx(c, gu, gu_y, 2, Fe, n, err, errlen))
+        /* (the int8 activation for gf_mvx_kernel's types) */
+        if ((!gf_mvxh_takes(gu, 2) && gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err,
+                                             errlen)) ||
+            gf_mvx(c, gu, gu_y, 2, Fe, n, c->xs, err, errlen))
             return -1;
     } else if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
                                 c->gemm_scratch, s, err, errlen) ||
@@ -4411,7 +4596,7 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
     if (mvx) {
-        if (gf_mvx(c, &dw, &c->xs, 1, D, n, err, errlen))
+        if (gf_mvx(c, &dw, &c->xs, 1, D, n, c->gt, err, errlen))
             return -1;
     } else if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,
                                 c->gemm_scratch, s, err, errlen))
@@ -5157,6 +5342,7 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
     int rc = gf_alloc((void **)&dw, ldw * rows * X, err, errlen) || gf_alloc((void **)&dx, (size_t)P * n * 4, err, errlen) ||
              gf_alloc((void **)&dy, (size_t)P * rows * 4, err, errlen) ||
              gf_alloc((void **)&c.offs, (size_t)(X + 1) * sizeof(int32_t), err, errlen) ||
+             gf_alloc(&c.gemm_scratch, (size_t)P * n * 2, err, errlen) ||
              gf_act_alloc(&c, P, n, err, errlen) ? -1 : 0;
     if (!rc && (gpuStreamCreate(&c.stream) != gpuSuccess))
         rc = strata_errf(err, errlen, "gpuStreamCreate failed");
@@ -5169,11 +5355,11 @@ int gpu_test_experts(int type, const void *w, size_t ldw, int n, int rows, int X
         struct gf_mat m = {dw, type, n, rows, ldw, ldw * rows};
         const struct gf_mat *mp = &m;
         rc = gf_act(c.stream, GF_ACT_PLAIN, dx, NULL, NULL, 0, n, P, P, NULL, c.aq, c.ads, err, errlen) ||
-             gf_mvx(&c, &mp, &dy, 1, (size_t)rows, P, err, errlen);
+             gf_mvx(&c, &mp, &dy, 1, (size_t)rows, P, dx, err, errlen);
     }
     rc = gf_test_end(&c, rc, "experts", y, dy, (size_t)P * rows * 4, err, errlen);
     gpu_test_free(dw), gpu_test_free(dx), gpu_test_free(dy), gpu_test_free(c.offs), gpu_test_free(c.aq);
-    gpu_test_free(c.ads);
+    gpu_test_free(c.ads), gpu_test_free(c.gemm_scratch);
     return rc;
 }
 
