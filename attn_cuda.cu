@@ -2149,10 +2149,6 @@ static int ak_launch_flash(const struct gpu_attn *g, int path, gpuStream_t st, c
                                 : akf_of<64, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw))
                          : (qsa ? akf_of<128, AKF_QSA_W, AKF_QSA_NST>(cell, &kw, &vw)
                                 : akf_of<128, AKF_DENSE_W, AKF_DENSE_NST>(cell, &kw, &vw));
-    if (!qsa && a.E == 128 && ak_env("STRATA_X_NST4")) { /* XXX run 2 only */
-        fn = akf_of<128, AKF_DENSE_W, 4>(cell, &kw, &vw);
-        nst = 4;
-    }
     size_t smem = akf_smem(a.E, nw, nst, kw, vw);
     GPU_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
             errlen);

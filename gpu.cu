@@ -2634,7 +2634,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * into f16 mma A operands with their block's scale and min applied (d·sc·q
  * − dmin·m, rounded to f16 as gg_mma's tiles are), so that the mma's f32
  * sums run the whole row, against the rows' activation in f16 (xh,
- * gf_half4_kernel). A warp takes 32 rows (two m-tiles) of expert
+ * gf_half4_kernel's layout). A warp takes 32 rows (two m-tiles) of expert
  * blockIdx.y, lane (g, t4) its rows g + 8j; of each 256-column superblock
  * lane t4 takes the 32 bytes 32·t4.. of the rows' nibbles (sub-blocks
  * 2·t4, 2·t4 + 1: two scales and mins a row), each word of them four
@@ -2642,21 +2642,28 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * columns serves when both operands follow it: a word's low nibbles
  * (columns c..c+3 of sub-block 2·t4) are the lane's k of one mma, 2t4,
  * 2t4+1 = c, c+2 and 2t4+8, 2t4+9 = c+1, c+3, its high nibbles (sub-block
- * 2·t4 + 1) another's, and xh holds each four columns in the order 0, 2,
- * 1, 3, so that a token's B operand of one mma is one 8-byte load. The
- * next superblock's bytes load during this one's mma; tokens in tiles of
- * 8·NB, no barrier. */
+ * 2·t4 + 1) another's. The next superblock's bytes load during this one's
+ * mma; tokens in tiles of 8·NB, no barrier. */
 #define GF_MVXH_WARPS 8
 
-/* f16 copies of rows of x (n a multiple of 4), each four in the order 0, 2, 1, 3 */
-__global__ void gf_half4_kernel(const float4 *x, uint2 *y, size_t n4)
+/* The rows (P of them, n wide) of x in f16 as gf_mvxh_kernel reads them:
+ * unit u = 16·sb + 8·side + i (of superblock sb, the word i of the low or
+ * high nibbles) of row r is 16 halves at (u·P + r)·16, four for each t4:
+ * the columns 256·sb + 64·t4 + 32·side + 4·i + {0, 2, 1, 3}, a lane's B
+ * operand (k 2t4, 2t4+1, 2t4+8, 2t4+9) in one 8-byte load, and the 8 rows
+ * of an n-tile 256 bytes in a run, whichever row the tile starts at (rows
+ * in turn would take 32 L1 wavefronts a load, not 2). Thread o: unit o /
+ * (4P), row o / 4 % P, t4 o % 4 (the stores in order). */
+__global__ void gf_half4_kernel(const float *x, uint2 *y, int P, int n)
 {
     gf_pdl_begin();
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n4) {
-        float4 v = x[i];
-        y[i] = make_uint2(gpu_pack16(v.x, v.z), gpu_pack16(v.y, v.w));
-    }
+    size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (o >= (size_t)P * n / 4)
+        return;
+    int t4 = (int)(o % 4), r = (int)(o / 4 % P), u = (int)(o / 4 / P);
+    int c = 256 * (u / 16) + 64 * t4 + 32 * (u / 8 % 2) + 4 * (u % 8);
+    float4 v = *(const float4 *)(x + (size_t)r * n + c);
+    y[o] = make_uint2(gpu_pack16(v.x, v.z), gpu_pack16(v.y, v.w));
 }
 
 /* Sub-block j's scale and min of a Q4_K block whose scale bytes 0..7 are
@@ -2689,7 +2696,7 @@ static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2
 }
 
 template <int NB>
-__global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv p, const __half *xh,
+__global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv p, const __half *xh, int P,
                                                                            const int32_t *offs)
 {
     GPU_TRACE(GT_MVX);
@@ -2723,12 +2730,30 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv
         return;
     for (int t0 = 0; t0 < m; t0 += 8 * NB) {
         int tt = min(m - t0, 8 * NB);   /* the tile's rows */
-        const __half *xr[NB];           /* token 8b + g's columns 64·t4.. (past the tile: its last row) */
+        const __half *xr[NB];           /* token 8b + g's unit 0, the lane's four (past the tile: its last row) */
 #pragma unroll
         for (int b = 0; b < NB; b++)
-            xr[b] = xh + (size_t)(a0 + t0 + min(8 * b + g, tt - 1)) * p.n + 64 * t4;
+            xr[b] = xh + (size_t)(a0 + t0 + min(8 * b + g, tt - 1)) * 16 + 4 * t4;
+        size_t us = (size_t)16 * P;     /* a unit's halves */
+        /* superblock sb's B bytes of the tile (16 units of up to 32 rows:
+         * 128 lines of 128 bytes) asked of L1 a superblock ahead, a line a
+         * thread, so that the B loads, each just before its mma, find them
+         * there and not in L2 */
+        int pl = threadIdx.x % 128;
+        const __half *pf = xh + (size_t)(pl / 8) * us + (size_t)min(a0 + t0 + 4 * (pl % 8), P - 1) * 16;
+        auto ahead = [&](int sb) {
+            if (threadIdx.x < 128 && sb < nsb)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(pf + (size_t)sb * 16 * us));
+        };
+        /* and the weights two superblocks ahead asked of L2 (lane t4 row t4's 144 bytes) */
+        const uint8_t *wl = t4 == 0 ? w[0] : t4 == 1 ? w[1] : t4 == 2 ? w[2] : w[3];
+        ahead(0);
         float acc[2][NB][4] = {};
         for (int sb = 0; sb < nsb; sb++) {
+            ahead(sb + 1);
+            if (sb + 2 < nsb)
+                asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];" ::"l"(wl + (size_t)(sb + 2) * 144),
+                             "l"(wl + (size_t)(sb + 2) * 144 + 143));
             int4 h[4] = {hd[0], hd[1], hd[2], hd[3]}, u0[4] = {q0[0], q0[1], q0[2], q0[3]};
             int4 u1[4] = {q1[0], q1[1], q1[2], q1[3]};
             fetch(sb + 1 < nsb ? sb + 1 : 0);   /* the next superblock (the next tile's first) */
@@ -2757,7 +2782,7 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv
                     uint2 bx[NB];
 #pragma unroll
                     for (int b = 0; b < NB; b++)
-                        bx[b] = *(const uint2 *)(xr[b] + (size_t)sb * 256 + 32 * side + 4 * i);
+                        bx[b] = *(const uint2 *)(xr[b] + (16 * sb + 8 * side + i) * us);
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         const uint32_t A[4] = {a[2 * mt][2 * side], a[2 * mt + 1][2 * side], a[2 * mt][2 * side + 1],
@@ -4389,6 +4414,16 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
 }
 #endif
 
+/* Whether gf_mvx takes the stacks w as f16 mma (gf_mvxh_kernel): Q4_K,
+ * whose rows' f32 activation it reads, not the int8 one */
+static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
+{
+    for (int k = 0; k < n_w; k++)
+        if (w[k]->type != QT_Q4_K)
+            return 0;
+    return !gf_env("STRATA_X_NO_MVXH"); /* XXX run 3 only */
+}
+
 /* Whether the n pairs of a prompt's experts of layer ly (X experts) take
  * gf_mvx_kernel: every stack in a format with gf_mvq_kernel's units, and
  * the rows an expert on average times a weight's bytes at most
@@ -4405,20 +4440,11 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
+    int all = gf_env("STRATA_X_MVXH_ALL") && gf_mvxh_takes(w, 3); /* XXX run 3 only */
     for (int k = 0; k < 3; k++)
-        if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES)
+        if (!gf_mvq_units(w[k]->type, w[k]->n) || (!all && (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES))
             return 0;
     return !gf_env("STRATA_GPU_MOE_GEMM");
-}
-
-/* Whether gf_mvx takes the stacks w as f16 mma (gf_mvxh_kernel): Q4_K,
- * whose rows' f32 activation it reads, not the int8 one */
-static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
-{
-    for (int k = 0; k < n_w; k++)
-        if (w[k]->type != QT_Q4_K)
-            return 0;
-    return !gf_env("STRATA_X_NO_MVXH"); /* XXX run 3 only */
 }
 
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
@@ -4445,13 +4471,13 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
     if (gf_mvxh_takes(w, n_w)) {
         size_t n4 = (size_t)n * p.n / 4;
         const __half *xh = (const __half *)c->gemm_scratch;
-        gf_launch(gf_half4_kernel, (unsigned)((n4 + 255) / 256), 256, 0, c->stream, (const float4 *)xf,
-                  (uint2 *)c->gemm_scratch, n4);
+        gf_launch(gf_half4_kernel, (unsigned)((n4 + 255) / 256), 256, 0, c->stream, xf, (uint2 *)c->gemm_scratch, n,
+                  p.n);
         dim3 grid((p.end[n_w - 1] + 32 * GF_MVXH_WARPS - 1) / (32 * GF_MVXH_WARPS), X);
         if (avg <= 8)
-            gf_launch(gf_mvxh_kernel<2>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, offs);
+            gf_launch(gf_mvxh_kernel<2>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
         else
-            gf_launch(gf_mvxh_kernel<4>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, offs);
+            gf_launch(gf_mvxh_kernel<4>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
         GF_LAUNCH_CHECK(err, errlen);
         return 0;
     }
