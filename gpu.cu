@@ -2643,8 +2643,11 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * (columns c..c+3 of sub-block 2·t4) are the lane's k of one mma, 2t4,
  * 2t4+1 = c, c+2 and 2t4+8, 2t4+9 = c+1, c+3, its high nibbles (sub-block
  * 2·t4 + 1) another's. The next superblock's bytes load during this one's
- * mma; tokens in tiles of 8·NB, no barrier. */
-#define GF_MVXH_WARPS 8
+ * mma; tokens in tiles of 8·NB, tile k of expert e on block (x, e·S + k %
+ * S) (S = GF_MVXH_SPLIT: an expert with many rows is not a few blocks'
+ * long walk), no barrier. */
+#define GF_MVXH_WARPS 4
+#define GF_MVXH_SPLIT 4   /* blocks an expert's row block: its token tiles dealt out among them */
 
 /* The rows (P of them, n wide) of x in f16 as gf_mvxh_kernel reads them:
  * unit u = 16·sb + 8·side + i (of superblock sb, the word i of the low or
@@ -2696,14 +2699,14 @@ static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2
 }
 
 template <int NB>
-__global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv p, const __half *xh, int P,
+__global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf_mv p, const __half *xh, int P,
                                                                            const int32_t *offs)
 {
     GPU_TRACE(GT_MVX);
 #if __CUDA_ARCH__ >= 800
     int warp = threadIdx.x / GPU_WARP, lane = threadIdx.x % GPU_WARP, g = lane / 4, t4 = lane % 4;
-    int e = blockIdx.y, total = p.end[p.parts - 1], nsb = p.n / 256;
-    int r0 = (blockIdx.x * GF_MVXH_WARPS + warp) * 32;
+    int e = blockIdx.y / GF_MVXH_SPLIT, split = blockIdx.y % GF_MVXH_SPLIT, total = p.end[p.parts - 1];
+    int nsb = p.n / 256, r0 = (blockIdx.x * GF_MVXH_WARPS + warp) * 32;
     const uint8_t *w[4];   /* the lane's rows g + 8j (past the end: the last row, not written) */
     int pt[4], rr[4];
 #pragma unroll
@@ -2728,7 +2731,7 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP) gf_mvxh_kernel(gf_mv
     int a0 = offs[e], m = offs[e + 1] - a0;
     if (r0 >= total)
         return;
-    for (int t0 = 0; t0 < m; t0 += 8 * NB) {
+    for (int t0 = 8 * NB * split; t0 < m; t0 += 8 * NB * GF_MVXH_SPLIT) {
         int tt = min(m - t0, 8 * NB);   /* the tile's rows */
         const __half *xr[NB];           /* token 8b + g's unit 0, the lane's four (past the tile: its last row) */
 #pragma unroll
@@ -4473,7 +4476,7 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
         const __half *xh = (const __half *)c->gemm_scratch;
         gf_launch(gf_half4_kernel, (unsigned)((n4 + 255) / 256), 256, 0, c->stream, xf, (uint2 *)c->gemm_scratch, n,
                   p.n);
-        dim3 grid((p.end[n_w - 1] + 32 * GF_MVXH_WARPS - 1) / (32 * GF_MVXH_WARPS), X);
+        dim3 grid((p.end[n_w - 1] + 32 * GF_MVXH_WARPS - 1) / (32 * GF_MVXH_WARPS), X * GF_MVXH_SPLIT);
         if (avg <= 8)
             gf_launch(gf_mvxh_kernel<2>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
         else
