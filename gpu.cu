@@ -2635,7 +2635,7 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * − dmin·m, rounded to f16 as gg_mma's tiles are), so that the mma's f32
  * sums run the whole row, against the rows' activation in f16 (xh,
  * gf_half4_kernel's layout). A warp takes 32 rows (two m-tiles) of expert
- * blockIdx.y, lane (g, t4) its rows g + 8j; of each 256-column superblock
+ * e = blockIdx.y / S, lane (g, t4) its rows g + 8j; of each 256-column superblock
  * lane t4 takes the 32 bytes 32·t4.. of the rows' nibbles (sub-blocks
  * 2·t4, 2·t4 + 1: two scales and mins a row), each word of them four
  * columns of each of the two sub-blocks. Any order of the product's
@@ -2643,9 +2643,10 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * (columns c..c+3 of sub-block 2·t4) are the lane's k of one mma, 2t4,
  * 2t4+1 = c, c+2 and 2t4+8, 2t4+9 = c+1, c+3, its high nibbles (sub-block
  * 2·t4 + 1) another's. The next superblock's bytes load during this one's
- * mma; tokens in tiles of 8·NB, tile k of expert e on block (x, e·S + k %
- * S) (S = GF_MVXH_SPLIT: an expert with many rows is not a few blocks'
- * long walk), no barrier. */
+ * mma (its B lines asked of L1 and the one after's weights of L2 ahead:
+ * not measured apart); tokens in tiles of 8·NB, tile k of expert e on
+ * block (x, e·S + k % S) (S = GF_MVXH_SPLIT: an expert with many rows is
+ * not a few blocks' long walk, BENCH.md forty-ninth pass), no barrier. */
 #define GF_MVXH_WARPS 4
 #define GF_MVXH_SPLIT 4   /* blocks an expert's row block: its token tiles dealt out among them */
 
@@ -4424,11 +4425,11 @@ static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
     for (int k = 0; k < n_w; k++)
         if (w[k]->type != QT_Q4_K)
             return 0;
-    return !gf_env("STRATA_X_NO_MVXH"); /* XXX run 3 only */
+    return 1;
 }
 
 /* Whether the n pairs of a prompt's experts of layer ly (X experts) take
- * gf_mvx_kernel: every stack in a format with gf_mvq_kernel's units, and
+ * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K): every stack in a format with gf_mvq_kernel's units, and
  * the rows an expert on average times a weight's bytes at most
  * GF_MVX_BYTES in each (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
  * comparisons). Each tile of 32 rows reads the expert's weights again,
@@ -4438,14 +4439,15 @@ static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
  * gf_mvx_kernel in Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in
  * Q4_0; gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34
  * bytes; BENCH.md, twenty-ninth, thirty-first, forty-fifth and
- * forty-sixth passes). */
+ * forty-sixth passes). gf_mvxh_kernel, 1.2 times gf_mvx_kernel's speed
+ * at 32 rows in Q4_K (forty-ninth), keeps its threshold: the crossing
+ * with gpu_gemm is not measured again. */
 #define GF_MVX_BYTES 35.0
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
-    int all = gf_env("STRATA_X_MVXH_ALL") && gf_mvxh_takes(w, 3); /* XXX run 3 only */
     for (int k = 0; k < 3; k++)
-        if (!gf_mvq_units(w[k]->type, w[k]->n) || (!all && (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES))
+        if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES)
             return 0;
     return !gf_env("STRATA_GPU_MOE_GEMM");
 }

@@ -168,9 +168,10 @@ static void tg_check_rows(struct pool *p, const struct quant_type *qt, int type,
 /* the matrix-vector cases' pool (test_gpu's, the host's cores up to TG_THREADS) */
 static struct pool *tg_rows_pool;
 
-/* A prompt's MoE experts (gf_mvx_kernel) against the same reference: X
- * experts whose row r is the matrix's row (r + 7e) % ROWS, over the sorted
- * activation rows offs[e] .. offs[e+1] - 1 of x (N wide) */
+/* A prompt's MoE experts (gf_mvx_kernel; Q4_K gf_mvxh_kernel, in f16)
+ * against the same reference: X experts whose row r is the matrix's row
+ * (r + 7e) % ROWS, over the sorted activation rows offs[e] .. offs[e+1] -
+ * 1 of x (N wide) */
 static void tg_experts_run(const struct quant_type *qt, int type, const uint8_t *w, const float *wf, size_t ldw, int N,
                            int ROWS, int X, const int32_t *offs, const float *x, void *aq, const char *what)
 {
@@ -873,8 +874,9 @@ static void tg_logits_row(void)
  * the staged rows an expert, one superblock long at 256 columns, three at
  * 768, ten at 2560, a warp's runs cut at its slice's ends), handing the
  * next norm on; the Q8_0 gate/up stacks at 2304 take gf_mvs_kernel; a
- * 48-token prompt's experts take gf_mvx_kernel (Q4_K, Q6_K, Q8_0; checked
- * against gpu_gemm's path too) or gpu_gemm. Returns its path, or NULL. */
+ * 48-token prompt's experts take gf_mvxh_kernel (Q4_K) or gf_mvx_kernel
+ * (Q6_K, Q8_0; checked against gpu_gemm's path too) or gpu_gemm. Returns
+ * its path, or NULL. */
 static const char *tg_moe_model(const char *type, const char *n_embd, const char *n_ff_exp)
 {
     static char path[64];
