@@ -2756,8 +2756,8 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
         for (int sb = 0; sb < nsb; sb++) {
             ahead(sb + 1);
             if (sb + 2 < nsb)
-                asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];" ::"l"(wl + (size_t)(sb + 2) * 144),
-                             "l"(wl + (size_t)(sb + 2) * 144 + 143));
+                asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];"
+                             ::"l"(wl + (size_t)(sb + 2) * 144), "l"(wl + (size_t)(sb + 2) * 144 + 143));
             int4 h[4] = {hd[0], hd[1], hd[2], hd[3]}, u0[4] = {q0[0], q0[1], q0[2], q0[3]};
             int4 u1[4] = {q1[0], q1[1], q1[2], q1[3]};
             fetch(sb + 1 < nsb ? sb + 1 : 0);   /* the next superblock (the next tile's first) */
@@ -4613,8 +4613,8 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     int mvx = gf_mvx_takes(ly, n, X);
     if (mvx) {
         /* (the int8 activation for gf_mvx_kernel's types) */
-        if ((!gf_mvxh_takes(gu, 2) && gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err,
-                                             errlen)) ||
+        if ((!gf_mvxh_takes(gu, 2) &&
+             gf_act(s, GF_ACT_PLAIN, c->xs, NULL, NULL, 0, D, n, n, NULL, c->aq, c->ads, err, errlen)) ||
             gf_mvx(c, gu, gu_y, 2, Fe, n, c->xs, err, errlen))
             return -1;
     } else if (gpu_gemm_experts(gw->type, gw->d, gw->ldw, gw->stride, D, Fe, c->xs, n, c->offs, X, c->gt, Fe,
