@@ -134,6 +134,27 @@ static __device__ __forceinline__ const uint8_t *ak_vrow(const ak_args &a, int h
     return ak_block(a, h, cell) + (size_t)a.P * a.kbytes + (size_t)(cell & (a.P - 1)) * a.vbytes;
 }
 
+/* The rows r0..r1-1 (rows a tile) of a prompt kernel's block and the
+ * entries they walk (returned): QSA, z = blockIdx.z = t·tiles + tile, of
+ * query t and its list; dense, tile zd of the T·G rows of the kv head,
+ * cells 0..pos0 + the last row's query. */
+static __device__ __forceinline__ int ak_tile_rows(const ak_args &a, int rows, int zd, int p0, int *r0, int *r1,
+                                                   const int32_t **list)
+{
+    int G = a.G;
+    if (a.qsa) {
+        int t = blockIdx.z / a.tiles;
+        *r0 = t * G + (blockIdx.z % a.tiles) * rows;
+        *r1 = min(*r0 + rows, t * G + G);
+        *list = a.sel + a.sel_off[t];
+        return (int)(a.sel_off[t + 1] - a.sel_off[t]);
+    }
+    *r0 = zd * rows;
+    *r1 = min(*r0 + rows, a.T * G);
+    *list = NULL;
+    return p0 + (*r1 - 1) / G + 1;
+}
+
 /* Element e of a row, as kv.c decodes it: int8 q·d, Q4_0 (nibble - 8)·d. */
 template <int ROW>
 static __device__ __forceinline__ float ak_elem(const uint8_t *row, int e)
@@ -670,22 +691,10 @@ __global__ void __launch_bounds__(AK_THREADS) ak_mma(ak_args a)
     float *kd = (float *)(Qc + RT * LD8);
     float *qd = kd + AK_BC;
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0;
-    int r0, r1, n_ent;
-    const int32_t *list = NULL;
-    if (a.qsa) {
-        int t = blockIdx.z / a.tiles;
-        r0 = t * G + (blockIdx.z % a.tiles) * RT;
-        r1 = min(r0 + RT, t * G + G);
-        list = a.sel + a.sel_off[t];
-        n_ent = (int)(a.sel_off[t + 1] - a.sel_off[t]);
-    } else {
-        /* prompt: the tiles with the most cells start first */
-        int z = a.ml ? (int)blockIdx.z : a.tiles - 1 - (int)blockIdx.z;
-        r0 = z * RT;
-        r1 = min(r0 + RT, a.T * G);
-        n_ent = p0 + (r1 - 1) / G + 1;
-    }
+    int s = blockIdx.x, h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1;
+    const int32_t *list;
+    /* prompt: the tiles with the most cells start first */
+    int n_ent = ak_tile_rows(a, RT, a.ml ? (int)blockIdx.z : a.tiles - 1 - (int)blockIdx.z, p0, &r0, &r1, &list);
     int e_lo = s * a.plen, e_hi = min(n_ent, e_lo + a.plen);
     int TH = a.T * a.H;
     int rA = r0 + w * 16 + g, rB = rA + 8;
@@ -1720,20 +1729,10 @@ __global__ void __launch_bounds__(32 * NW) ak_flash(ak_args a)
     __half *Qh = (__half *)ak_smem, *Ql = Qh + ROWS * LD, *ring = Ql + ROWS * LD;
     uint32_t *raw = (uint32_t *)(ring + 2 * AK_BC * LD); /* quantised: the ring; ring holds the decoded step */
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    int h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1, n_ent;
-    const int32_t *list = NULL;
-    if (a.qsa) {
-        int t = blockIdx.z / a.tiles;
-        r0 = t * G + (blockIdx.z % a.tiles) * ROWS;
-        r1 = min(r0 + ROWS, t * G + G);
-        list = a.sel + a.sel_off[t];
-        n_ent = (int)(a.sel_off[t + 1] - a.sel_off[t]);
-    } else {
-        /* the tiles with the most cells start first */
-        r0 = (a.tiles - 1 - (int)blockIdx.z) * ROWS;
-        r1 = min(r0 + ROWS, a.T * G);
-        n_ent = p0 + (r1 - 1) / G + 1;
-    }
+    int h = blockIdx.y, G = a.G, p0 = *a.pos0, r0, r1;
+    const int32_t *list;
+    /* the tiles with the most cells start first */
+    int n_ent = ak_tile_rows(a, ROWS, a.tiles - 1 - (int)blockIdx.z, p0, &r0, &r1, &list);
     int steps = (n_ent + AK_BC - 1) / AK_BC;
     int rA = r0 + w * 16 + g, rB = rA + 8;
     int oA = rA / G * a.H + h * G + rA % G, oB = rB / G * a.H + h * G + rB % G;

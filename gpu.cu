@@ -103,15 +103,24 @@ static __device__ __forceinline__ int gf_bit4(uint32_t h)
     return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
 }
 
-static __device__ __forceinline__ void gf_k4_scale_min(int j, const uint8_t *s, int *sc, int *m)
+/* Sub-block j's 6-bit scale and min of a K-quant block (quant.c's
+ * get_scale_min_k4) from its 12 scale bytes, byte k as s(k): read from
+ * memory, or from the bytes in registers (gf_mvxh_kernel) */
+template <class S>
+static __device__ __forceinline__ void gf_k4_sm(int j, S s, int *sc, int *m)
 {
     if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
+        *sc = s(j) & 63;
+        *m = s(j + 4) & 63;
     } else {
-        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        *sc = (s(j + 4) & 15) | (s(j - 4) >> 6) << 4;
+        *m = (s(j + 4) >> 4) | (s(j) >> 6) << 4;
     }
+}
+
+static __device__ __forceinline__ void gf_k4_scale_min(int j, const uint8_t *s, int *sc, int *m)
+{
+    gf_k4_sm(j, [s](int k) { return (int)s[k]; }, sc, m);
 }
 
 /* ==== one unit of a weight row against the activation ====
@@ -2670,19 +2679,6 @@ __global__ void gf_half4_kernel(const float *x, uint2 *y, int P, int n)
     y[o] = make_uint2(gpu_pack16(v.x, v.z), gpu_pack16(v.y, v.w));
 }
 
-/* Sub-block j's scale and min of a Q4_K block whose scale bytes 0..7 are
- * lo and 8..11 hi (quant.c's get_scale_min_k4) */
-static __device__ __forceinline__ void gf_k4_sm(uint64_t lo, uint32_t hi, int j, int *sc, int *m)
-{
-    auto lb = [&](int k) { return (int)(lo >> (8 * k)) & 255; };
-    if (j < 4) {
-        *sc = lb(j) & 63, *m = lb(j + 4) & 63;
-    } else {
-        int h = (int)(hi >> (8 * (j - 4))) & 255;
-        *sc = (h & 15) | (lb(j - 4) >> 6) << 4, *m = (h >> 4) | (lb(j) >> 6) << 4;
-    }
-}
-
 /* The 8 nibbles of word w as four f16 pairs (c, c+2 and c+1, c+3 of the
  * low nibbles, then of the high), each q·s − m */
 static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2 mlo, __half2 shi, __half2 mhi,
@@ -2764,10 +2760,13 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
             __half2 slo[4], mlo[4], shi[4], mhi[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
+                /* the scale bytes: 0..7 in lo, 8..11 in hi */
                 uint64_t lo = (uint32_t)h[j].y | (uint64_t)(uint32_t)h[j].z << 32;
+                uint32_t hi = (uint32_t)h[j].w;
+                auto sb8 = [lo, hi](int k) { return (int)((k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))) & 255); };
                 int sc0, m0, sc1, m1;
-                gf_k4_sm(lo, (uint32_t)h[j].w, 2 * t4, &sc0, &m0);
-                gf_k4_sm(lo, (uint32_t)h[j].w, 2 * t4 + 1, &sc1, &m1);
+                gf_k4_sm(2 * t4, sb8, &sc0, &m0);
+                gf_k4_sm(2 * t4 + 1, sb8, &sc1, &m1);
                 float d = gf_h2f((uint16_t)h[j].x), dm = gf_h2f((uint16_t)((uint32_t)h[j].x >> 16));
                 slo[j] = __float2half2_rn(d * (float)sc0), mlo[j] = __float2half2_rn(-dm * (float)m0);
                 shi[j] = __float2half2_rn(d * (float)sc1), mhi[j] = __float2half2_rn(-dm * (float)m1);
