@@ -2635,13 +2635,13 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
 #endif
 }
 
-/* ==== a prompt's Q4_K experts as f16 mma, the weights decoded in registers ====
+/* ==== a prompt's Q4_K and Q8_0 experts as f16 mma, the weights decoded in registers ====
  * gf_mvx_kernel's int8 mma leaves each product's sums to be scaled a
  * 32-column block at a time (the K-quants' scale and min a block, the
  * activation's scale a block and row): ~40 instructions an mma, the
  * kernel's limit at ~32 rows an expert. Here the weights are decoded
  * into f16 mma A operands with their block's scale and min applied (d·sc·q
- * − dmin·m, rounded to f16 as gg_mma's tiles are), so that the mma's f32
+ * − dmin·m, Q8_0's d·q, rounded to f16 as gg_mma's tiles are), so that the mma's f32
  * sums run the whole row, against the rows' activation in f16 (xh,
  * gf_half4_kernel's layout). A warp takes 32 rows (two m-tiles) of expert
  * e = blockIdx.y / S, lane (g, t4) its rows g + 8j; of each 256-column superblock
@@ -2651,7 +2651,9 @@ __global__ void __launch_bounds__(GF_MVX_WARPS * GPU_WARP, 3) gf_mvx_kernel(gf_m
  * columns serves when both operands follow it: a word's low nibbles
  * (columns c..c+3 of sub-block 2·t4) are the lane's k of one mma, 2t4,
  * 2t4+1 = c, c+2 and 2t4+8, 2t4+9 = c+1, c+3, its high nibbles (sub-block
- * 2·t4 + 1) another's. The next superblock's bytes load during this one's
+ * 2·t4 + 1) another's. Q8_0 takes the same columns from blocks 2·t4 (the
+ * low nibbles' columns) and 2·t4 + 1, half a superblock a step (gf_q8_h4).
+ * The next superblock's (Q8_0: step's) bytes load during this one's
  * mma (its B lines asked of L1 and the one after's weights of L2 ahead:
  * not measured apart); tokens in tiles of 8·NB, tile k of expert e on
  * block (x, e·S + k % S) (S = GF_MVXH_SPLIT: an expert with many rows is
@@ -2695,7 +2697,43 @@ static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2
     }
 }
 
+/* Q8_0's step (half a superblock: block 2·t4 + side of each 256
+ * columns) of one row, v the 9 words from its block's first (side 0: the
+ * scale, then its codes two bytes off the words; side 1: the last word
+ * holds its scale in the high half, the codes whole words): word i of the
+ * codes as two f16 pairs (c, c+2 and c+1, c+3), each q·d */
+static __device__ __forceinline__ void gf_q8_h4(const uint32_t (&v)[9], int side, int i, uint32_t (&h)[2])
+{
+    uint32_t w = side ? v[i + 1] : __funnelshift_r(v[i], v[i + 1], 16);
+    __half2 d = __half2half2(__ushort_as_half((uint16_t)(side ? v[0] >> 16 : v[0] & 0xffff)));
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    uint32_t u = w ^ 0x80808080u;   /* code + 128 as the low byte of 1024 + 128, exactly */
+    uint32_t x = __byte_perm(u, 0x64646464u, 0x4240), y = __byte_perm(u, 0x64646464u, 0x4341);
+    __half2 hx = __hmul2(__hsub2(*(__half2 *)&x, bias), d), hy = __hmul2(__hsub2(*(__half2 *)&y, bias), d);
+    h[0] = *(uint32_t *)&hx;
+    h[1] = *(uint32_t *)&hy;
+}
+
+/* One unit's mma: row j's two pairs a[j] (A: rows g + 8j, k 2t4, 2t4+1 and
+ * 2t4+8, 2t4+9) against the NB token groups' B at xr[b] + off */
 template <int NB>
+static __device__ __forceinline__ void gf_mvxh_mma(float (&acc)[2][NB][4], const uint32_t (&a)[4][2],
+                                                   const __half *const (&xr)[NB], size_t off)
+{
+    uint2 bx[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        bx[b] = *(const uint2 *)(xr[b] + off);
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        const uint32_t A[4] = {a[2 * mt][0], a[2 * mt + 1][0], a[2 * mt][1], a[2 * mt + 1][1]};
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+            gpu_mma16816(acc[mt][b], A, bx[b].x, bx[b].y);
+    }
+}
+
+template <int FMT, int NB>   /* QT_Q4_K or QT_Q8_0 */
 __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf_mv p, const __half *xh, int P,
                                                                            const int32_t *offs)
 {
@@ -2711,15 +2749,26 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
         pt[j] = gf_mv_part(p, min(r0 + g + 8 * j, total - 1), &rr[j]);
         w[j] = p.w[pt[j]] + (size_t)e * p.estride + (size_t)rr[j] * p.ldw;
     }
-    /* a superblock's bytes of the lane's rows: d, dmin and scales; its 32 nibble bytes */
+    /* Q4_K: a superblock's bytes of the lane's rows: d, dmin and scales;
+     * its 32 nibble bytes. Q8_0: step k's (superblock k / 2, side k % 2)
+     * 9 words of each row (gf_q8_h4) */
+    enum { RB = FMT == QT_Q8_0 ? 272 : 144 };   /* a row's bytes a superblock */
     int4 hd[4], q0[4], q1[4];
-    auto fetch = [&](int sb) {
+    uint32_t v8[4][9];
+    auto fetch = [&](int k) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint8_t *b = w[j] + (size_t)sb * 144;
-            hd[j] = *(const int4 *)b;
-            q0[j] = *(const int4 *)(b + 16 + 32 * t4);
-            q1[j] = *(const int4 *)(b + 32 + 32 * t4);
+            if constexpr (FMT == QT_Q8_0) {
+                const uint32_t *b = (const uint32_t *)(w[j] + (size_t)(k / 2) * RB + 68 * t4 + 32 * (k % 2));
+#pragma unroll
+                for (int i = 0; i < 9; i++)
+                    v8[j][i] = b[i];
+            } else {
+                const uint8_t *b = w[j] + (size_t)k * RB;
+                hd[j] = *(const int4 *)b;
+                q0[j] = *(const int4 *)(b + 16 + 32 * t4);
+                q1[j] = *(const int4 *)(b + 32 + 32 * t4);
+            }
         }
     };
     if (r0 < total)
@@ -2751,9 +2800,35 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
         float acc[2][NB][4] = {};
         for (int sb = 0; sb < nsb; sb++) {
             ahead(sb + 1);
-            if (sb + 2 < nsb)
+            if (sb + 2 < nsb) {   /* (every line of the row's bytes: Q8_0's 272 may touch four) */
                 asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];"
-                             ::"l"(wl + (size_t)(sb + 2) * 144), "l"(wl + (size_t)(sb + 2) * 144 + 143));
+                             ::"l"(wl + (size_t)(sb + 2) * RB), "l"(wl + (size_t)(sb + 2) * RB + RB - 1));
+                if (FMT == QT_Q8_0)
+                    asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];"
+                                 ::"l"(wl + (size_t)(sb + 2) * RB + 128), "l"(wl + (size_t)(sb + 2) * RB + 256));
+            }
+            if constexpr (FMT == QT_Q8_0) {
+#pragma unroll
+                for (int side = 0; side < 2; side++) {
+                    uint32_t v[4][9];
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int i = 0; i < 9; i++)
+                            v[j][i] = v8[j][i];
+                    int k = 2 * sb + side + 1;
+                    fetch(k < 2 * nsb ? k : 0);   /* the next step (the next tile's first) */
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        uint32_t a[4][2];   /* row j's word i: its two pairs */
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            gf_q8_h4(v[j], side, i, a[j]);
+                        gf_mvxh_mma<NB>(acc, a, xr, (16 * sb + 8 * side + i) * us);
+                    }
+                }
+                continue;
+            }
             int4 h[4] = {hd[0], hd[1], hd[2], hd[3]}, u0[4] = {q0[0], q0[1], q0[2], q0[3]};
             int4 u1[4] = {q1[0], q1[1], q1[2], q1[3]};
             fetch(sb + 1 < nsb ? sb + 1 : 0);   /* the next superblock (the next tile's first) */
@@ -2782,18 +2857,11 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
                 }
 #pragma unroll
                 for (int side = 0; side < 2; side++) {
-                    uint2 bx[NB];
+                    uint32_t as[4][2];
 #pragma unroll
-                    for (int b = 0; b < NB; b++)
-                        bx[b] = *(const uint2 *)(xr[b] + (16 * sb + 8 * side + i) * us);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        const uint32_t A[4] = {a[2 * mt][2 * side], a[2 * mt + 1][2 * side], a[2 * mt][2 * side + 1],
-                                               a[2 * mt + 1][2 * side + 1]};
-#pragma unroll
-                        for (int b = 0; b < NB; b++)
-                            gpu_mma16816(acc[mt][b], A, bx[b].x, bx[b].y);
-                    }
+                    for (int j = 0; j < 4; j++)
+                        as[j][0] = a[j][2 * side], as[j][1] = a[j][2 * side + 1];
+                    gf_mvxh_mma<NB>(acc, as, xr, (16 * sb + 8 * side + i) * us);
                 }
             }
         }
@@ -4417,18 +4485,19 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
 }
 #endif
 
-/* Whether gf_mvx takes the stacks w as f16 mma (gf_mvxh_kernel): Q4_K,
- * whose rows' f32 activation it reads, not the int8 one */
+/* Whether gf_mvx takes the stacks w as f16 mma (gf_mvxh_kernel): Q4_K, or
+ * Q8_0 rows of whole 256 columns, all of one type, whose rows' f32
+ * activation it reads, not the int8 one */
 static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
 {
     for (int k = 0; k < n_w; k++)
-        if (w[k]->type != QT_Q4_K)
+        if (!(w[k]->type == QT_Q4_K || (w[k]->type == QT_Q8_0 && w[k]->n % 256 == 0)) || w[k]->type != w[0]->type)
             return 0;
     return 1;
 }
 
 /* Whether the n pairs of a prompt's experts of layer ly (X experts) take
- * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K): every stack in a format with gf_mvq_kernel's units, and
+ * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K and Q8_0): every stack in a format with gf_mvq_kernel's units, and
  * the rows an expert on average times a weight's bytes at most
  * GF_MVX_BYTES in each (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
  * comparisons). Each tile of 32 rows reads the expert's weights again,
@@ -4454,7 +4523,7 @@ static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 /* The experts' products of a prompt's n pairs, sorted by expert (c->offs):
  * each expert's rows of the activation against that expert of each stack
  * w[k] (one type and width) into y[k], ldy a row, the stacks in one
- * launch: Q4_K (gf_mvxh_takes) the rows' f32 activation xf, in f16 in
+ * launch: Q4_K and Q8_0 (gf_mvxh_takes) the rows' f32 activation xf, in f16 in
  * c->gemm_scratch (gf_mvxh_kernel), the other types its int8 blocks
  * (c->aq, c->ads; gq_act_at's layout of bt = n; gf_mvx_kernel) */
 static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
@@ -4478,10 +4547,11 @@ static int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const
         gf_launch(gf_half4_kernel, (unsigned)((n4 + 255) / 256), 256, 0, c->stream, xf, (uint2 *)c->gemm_scratch, n,
                   p.n);
         dim3 grid((p.end[n_w - 1] + 32 * GF_MVXH_WARPS - 1) / (32 * GF_MVXH_WARPS), X * GF_MVXH_SPLIT);
-        if (avg <= 8)
-            gf_launch(gf_mvxh_kernel<2>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
-        else
-            gf_launch(gf_mvxh_kernel<4>, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
+        int q8 = w[0]->type == QT_Q8_0;
+        void (*k)(gf_mv, const __half *, int, const int32_t *) =
+            avg <= 8 ? (q8 ? gf_mvxh_kernel<QT_Q8_0, 2> : gf_mvxh_kernel<QT_Q4_K, 2>)
+                     : (q8 ? gf_mvxh_kernel<QT_Q8_0, 4> : gf_mvxh_kernel<QT_Q4_K, 4>);
+        gf_launch(k, grid, GF_MVXH_WARPS * GPU_WARP, 0, c->stream, p, xh, n, offs);
         GF_LAUNCH_CHECK(err, errlen);
         return 0;
     }

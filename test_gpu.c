@@ -168,7 +168,7 @@ static void tg_check_rows(struct pool *p, const struct quant_type *qt, int type,
 /* the matrix-vector cases' pool (test_gpu's, the host's cores up to TG_THREADS) */
 static struct pool *tg_rows_pool;
 
-/* A prompt's MoE experts (gf_mvx_kernel; Q4_K gf_mvxh_kernel, in f16)
+/* A prompt's MoE experts (gf_mvx_kernel; Q4_K and Q8_0 gf_mvxh_kernel, in f16)
  * against the same reference: X experts whose row r is the matrix's row
  * (r + 7e) % ROWS, over the sorted activation rows offs[e] .. offs[e+1] -
  * 1 of x (N wide) */
