@@ -2699,13 +2699,18 @@ static __device__ __forceinline__ void gf_q4_h8(uint32_t w, __half2 slo, __half2
 
 /* Q8_0's step (half a superblock: block 2·t4 + side of each 256
  * columns) of one row, v the 9 words from its block's first (side 0: the
- * scale, then its codes two bytes off the words; side 1: the last word
- * holds its scale in the high half, the codes whole words): word i of the
- * codes as two f16 pairs (c, c+2 and c+1, c+3), each q·d */
-static __device__ __forceinline__ void gf_q8_h4(const uint32_t (&v)[9], int side, int i, uint32_t (&h)[2])
+ * scale, then its codes two bytes off the words; side 1: the first word
+ * holds the scale in its high half, the codes whole words after it): the
+ * block's scale d (gf_q8_d), and word i of the codes as two f16 pairs
+ * (c, c+2 and c+1, c+3), each q·d */
+static __device__ __forceinline__ __half2 gf_q8_d(const uint32_t (&v)[9], int side)
+{
+    return __half2half2(__ushort_as_half((uint16_t)(side ? v[0] >> 16 : v[0] & 0xffff)));
+}
+
+static __device__ __forceinline__ void gf_q8_h4(const uint32_t (&v)[9], int side, int i, __half2 d, uint32_t (&h)[2])
 {
     uint32_t w = side ? v[i + 1] : __funnelshift_r(v[i], v[i + 1], 16);
-    __half2 d = __half2half2(__ushort_as_half((uint16_t)(side ? v[0] >> 16 : v[0] & 0xffff)));
     const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
     uint32_t u = w ^ 0x80808080u;   /* code + 128 as the low byte of 1024 + 128, exactly */
     uint32_t x = __byte_perm(u, 0x64646464u, 0x4240), y = __byte_perm(u, 0x64646464u, 0x4341);
@@ -2794,7 +2799,7 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
             if (threadIdx.x < 128 && sb < nsb)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(pf + (size_t)sb * 16 * us));
         };
-        /* and the weights two superblocks ahead asked of L2 (lane t4 row t4's 144 bytes) */
+        /* and the weights two superblocks ahead asked of L2 (lane t4 row t4's RB bytes) */
         const uint8_t *wl = t4 == 0 ? w[0] : t4 == 1 ? w[1] : t4 == 2 ? w[2] : w[3];
         ahead(0);
         float acc[2][NB][4] = {};
@@ -2803,7 +2808,7 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
             if (sb + 2 < nsb) {   /* (every line of the row's bytes: Q8_0's 272 may touch four) */
                 asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];"
                              ::"l"(wl + (size_t)(sb + 2) * RB), "l"(wl + (size_t)(sb + 2) * RB + RB - 1));
-                if (FMT == QT_Q8_0)
+                if constexpr (FMT == QT_Q8_0)
                     asm volatile("prefetch.global.L2 [%0];\n\tprefetch.global.L2 [%1];"
                                  ::"l"(wl + (size_t)(sb + 2) * RB + 128), "l"(wl + (size_t)(sb + 2) * RB + 256));
             }
@@ -2818,12 +2823,16 @@ __global__ void __launch_bounds__(GF_MVXH_WARPS * GPU_WARP, 2) gf_mvxh_kernel(gf
                             v[j][i] = v8[j][i];
                     int k = 2 * sb + side + 1;
                     fetch(k < 2 * nsb ? k : 0);   /* the next step (the next tile's first) */
+                    __half2 d[4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        d[j] = gf_q8_d(v[j], side);
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         uint32_t a[4][2];   /* row j's word i: its two pairs */
 #pragma unroll
                         for (int j = 0; j < 4; j++)
-                            gf_q8_h4(v[j], side, i, a[j]);
+                            gf_q8_h4(v[j], side, i, d[j], a[j]);
                         gf_mvxh_mma<NB>(acc, a, xr, (16 * sb + 8 * side + i) * us);
                     }
                 }
@@ -4490,9 +4499,11 @@ static void gf_mvx_launch(const gf_mv &p, dim3 grid, int avg, const int32_t *off
  * activation it reads, not the int8 one */
 static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
 {
-    for (int k = 0; k < n_w; k++)
-        if (!(w[k]->type == QT_Q4_K || (w[k]->type == QT_Q8_0 && w[k]->n % 256 == 0)) || w[k]->type != w[0]->type)
+    for (int k = 0; k < n_w; k++) {
+        int t = w[k]->type;
+        if (t != w[0]->type || !(t == QT_Q4_K || (t == QT_Q8_0 && w[k]->n % 256 == 0)))
             return 0;
+    }
     return 1;
 }
 
@@ -4508,8 +4519,9 @@ static int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
  * Q4_0; gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34
  * bytes; BENCH.md, twenty-ninth, thirty-first, forty-fifth and
  * forty-sixth passes). gf_mvxh_kernel, 1.2 times gf_mvx_kernel's speed
- * at 32 rows in Q4_K (forty-ninth), keeps its threshold: the crossing
- * with gpu_gemm is not measured again. */
+ * at 32 rows in Q4_K and Q8_0 (forty-ninth and fifty-first: the MoE
+ * prompt +21% and +22%), keeps its threshold: the crossing with gpu_gemm
+ * is not measured again. */
 #define GF_MVX_BYTES 35.0
 static int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
