@@ -113,7 +113,6 @@ struct ak_args {
     int qsa;
     int multi;       /* ak_dec: query z the last cell of its own sequence (gpu_attn's multi) */
     int pt_stride;   /* with multi: query z's page table at pt + z·pt_stride */
-    int pf;          /* ak_dec, dense, sm_90: entries asked of L2 ahead of the copies (0: none) */
 };
 
 /* ==== cell rows ==== */
@@ -1029,19 +1028,6 @@ static __device__ __forceinline__ void akd_commit()
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-/* bytes [lo, lo + n) of global memory into L2 by the bulk-copy unit
- * (16-byte aligned; sm_90), nothing else */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define AKD_PF 1
-static __device__ __forceinline__ void akd_prefetch_l2(size_t lo, unsigned n)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(lo), "r"(n) : "memory");
-}
-#else
-#define AKD_PF 0
-static __device__ __forceinline__ void akd_prefetch_l2(size_t, unsigned) {}
-#endif
-
 template <int N>
 static __device__ __forceinline__ void akd_wait()
 {
@@ -1205,33 +1191,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
         pages_from(0);
     else
         ahead(0);
-    /* a.pf > 0 (sm_90, dense): the partition's K and V runs asked of L2 by
-     * the bulk-copy unit up to a.pf entries ahead of the block's copies, a
-     * page of the first 32 a lane of warp 0, so that the DRAM's queue
-     * holds more than the ring's stages (shared memory) can */
-    bool pfw = AKD_PF && a.pf > 0 && !list && w == 0;
-    int pf_pg = -1, pf_done = e_lo, pf_first = e_lo >> a.lp;
-    if (pfw) {
-        int pi = pf_first + lane;
-        pf_pg = pi <= (e_hi - 1) >> a.lp ? pt[pi] : -1;
-    }
-    auto prefetch_to = [&](int upto) {
-        upto = min(upto, e_hi);
-        int ca = max(pf_done, (pf_first + lane) << a.lp), cb = min(upto, (pf_first + lane + 1) << a.lp);
-        if (pf_pg >= 0 && ca < cb) {
-#pragma unroll
-            for (int isv = 0; isv < 2; isv++) {
-                size_t rb = isv ? a.vbytes : a.kbytes;
-                const uint8_t *p = (isv ? vbase : kbase) + (size_t)pf_pg * a.page_bytes;
-                size_t lo = (size_t)(p + (size_t)(ca & (a.P - 1)) * rb) & ~(size_t)15;
-                size_t hi = ((size_t)(p + (size_t)(((cb - 1) & (a.P - 1)) + 1) * rb) + 15) & ~(size_t)15;
-                akd_prefetch_l2(lo, (unsigned)(hi - lo));
-            }
-        }
-        pf_done = max(pf_done, upto);
-    };
-    if (pfw)
-        prefetch_to(e_lo + a.pf);
 
     int n_steps = e_hi > e_lo ? (e_hi - e_lo + C - 1) / C : 0;
     int my = n_steps > w ? (n_steps - w + NW - 1) / NW : 0; /* this warp's steps */
@@ -1376,8 +1335,6 @@ __global__ void __launch_bounds__(32 * akd_shape<ROW, E, NB, NSTQ, C>::NW) ak_de
             issue(i + NST - 1);
         else
             akd_commit();
-        if (pfw)
-            prefetch_to(e_lo + (i + 1) * NW * C + a.pf);
         akd_wait<NST - 1>(); /* step i's group is complete */
         __syncwarp();
         const uint8_t *kst = ring + (i % NST) * SH::STAGE, *vst = kst + C * KS;
@@ -2262,7 +2219,7 @@ static void akd_pick(int E, int nb, int nst, int c, ak_fn *fn, int *smem, int *n
  * H200: one wave + dyn + pdl measured fastest (BENCH.md, second pass), and
  * for int8 at 32K cells i8c with 32-entry steps (third pass). */
 struct akd_cfg {
-    int nst, per_sm, dyn, pdl, mc, pgreg, i8c, c, pf;
+    int nst, per_sm, dyn, pdl, mc, pgreg, i8c, c;
 };
 
 /* max_cells from which int8 cells of head dim 128 take 32-entry steps, in
@@ -2284,11 +2241,10 @@ struct akd_cfg {
 
 static struct akd_cfg akd_cfg_get(void)
 {
-    struct akd_cfg c = {-1, 0, 1, 1, 0, 0, -1, 0, 0};
+    struct akd_cfg c = {-1, 0, 1, 1, 0, 0, -1, 0};
     const char *v = getenv("STRATA_ATTN_DEC");
     if (v && *v)
-        sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.nst, &c.per_sm, &c.dyn, &c.pdl, &c.mc, &c.pgreg, &c.i8c, &c.c,
-               &c.pf);
+        sscanf(v, "%d,%d,%d,%d,%d,%d,%d,%d", &c.nst, &c.per_sm, &c.dyn, &c.pdl, &c.mc, &c.pgreg, &c.i8c, &c.c);
     return c;
 }
 
@@ -2362,7 +2318,6 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
     a.unit = cf.dyn ? cs * nw : 0;
     ak_partials(g, &a, a.unit && S < AKD_WARP_PARTS ? AKD_WARP_PARTS : S);   /* room for akd_parts' */
     a.pgreg = cf.pgreg;
-    a.pf = cf.pf;
     a.out_q = g->out_q, a.out_ds = (float4 *)g->out_ds, a.out_bt = g->out_bt;
     GPU_TRY(cudaFuncSetAttribute((const void *)akm_pick(a.E), cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cf.mc ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault),
@@ -2372,8 +2327,8 @@ static int ak_launch_dec(const struct gpu_attn *g, int path, int arch, int sms, 
         static int said_S;
         if (said_fn != fn || said_S != S)
             fprintf(stderr, "strata: ak_dec %d KB smem, %d warps, %d blocks/SM, grid %d x %d x %d, dyn %d, pdl %d, "
-                    "mc %d, pgreg %d, i8c %d, %d entries a step, pf %d\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn,
-                    cf.pdl, cf.mc, cf.pgreg, cf.i8c, cs, cf.pf);
+                    "mc %d, pgreg %d, i8c %d, %d entries a step\n", smem >> 10, nw, per_sm, S, a.K, Z, cf.dyn, cf.pdl,
+                    cf.mc, cf.pgreg, cf.i8c, cs);
         said_fn = fn;
         said_S = S;
     }
