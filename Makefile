@@ -38,7 +38,7 @@ ifeq ($(GPU),cuda)
   B := $(B)-cuda
   CFLAGS += -DSTRATA_GPU
   # attn_hip.hip's kernels without matrix cores serve CUDA cards too
-  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip)
+  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_mv.cu gpu_mma.cu gpu_gemm.cu attn_cuda.cu attn_hip.hip)
   # machine code for each CUDA_ARCH, and PTX of the newest for later cards;
   # the runtime linked statically, so the binary starts without a driver;
   # cuBLAS is opened at run time where present (gpu_gemm.cu), hence -ldl
@@ -52,7 +52,7 @@ ifeq ($(GPU),cuda)
 else ifeq ($(GPU),hip)
   B := $(B)-hip
   CFLAGS += -DSTRATA_GPU
-  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_gemm.cu attn_hip.hip)
+  GPU_OBJ := $(patsubst %,$(B)/%.o,gpu.cu gpu_mv.cu gpu_mma.cu gpu_gemm.cu attn_hip.hip)
   GPU_FLAGS := -O3 -std=c++17 $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -Wall -Wextra -Werror -D_GNU_SOURCE
   GPU_COMPILE = $(HIPCC) $(GPU_FLAGS) -x hip -c -o $@ $<
   LINK := $(HIPCC)

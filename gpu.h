@@ -137,7 +137,7 @@ int gpu_gemm_experts(int type, const void *w, size_t ldw, size_t estride, int n,
                      const int32_t *offs, int X, float *y, size_t ldy, void *scratch, void *stream, char *err,
                      size_t errlen);
 size_t gpu_gemm_experts_scratch_bytes(int n, int T);
-/* Whether gpu_gemm takes this block type (the others stay on gpu.cu's
+/* Whether gpu_gemm takes this block type (the others stay on gpu_mv.cu's
  * matrix-vector kernels). */
 int gpu_gemm_supports(int type);
 /* gpu_gemm.cu: y (rows, n) f32, row stride ldy floats, = W's rows dequantised

@@ -3,7 +3,7 @@
  * 16 consecutive elements of a weight row (in its file layout) into floats,
  * equal bit for bit to quant.c's to_f32; and gq_q8_act, the one encoder: an
  * activation's int8 blocks of 32 as the decode kernels read them. Shared by
- * gpu_gemm.cu, gpu.cu and attn_cuda.cu; compiled by nvcc and hipcc. From C,
+ * gpu_gemm.cu, the forward pass's files and attn_cuda.cu; nvcc and hipcc. From C,
  * only gq_supported is visible.
  *
  * Owns the device-side block layouts only: no launches, no allocation, no
@@ -341,7 +341,7 @@ static __device__ __forceinline__ void gq_iq4_xs_16(const uint8_t *row, int i16,
 /* ---- the IQ2/IQ3 lattices: grids of 8 (IQ2) or 4 (IQ3) magnitudes a
  * point, a sign bit an element, a 4-bit scale a 32 (a 16 for IQ2_XS and
  * IQ2_S). One decoder a format, gq_iq_eight, serves gq_dequant16 and the
- * decode and batch kernels' int8 units (gpu.cu). ---- */
+ * decode and batch kernels' int8 units (gpu_mv.cu, gpu_mma.cu). ---- */
 #define QG_TABLE static __device__ const
 #include "quant_grids.h"
 #undef QG_TABLE

@@ -1,5 +1,5 @@
 /*
- * test_gpu.c — gpu.cu against the CPU path: each matrix-vector kernel per
+ * test_gpu.c — the GPU forward pass against the CPU path: each product kernel per
  * block format against FP64 (and quant.c's dot), gpu_kv_store byte for byte
  * against kv_store, and whole models GPU against CPU (the trained demo model
  * by perplexity and top-10 log-probabilities; random-weight models, a MoE
