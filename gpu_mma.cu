@@ -1187,7 +1187,8 @@ int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
     for (int k = 0; k < 3; k++)
-        if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > GF_MVX_BYTES)
+        if (!gf_mvq_units(w[k]->type, w[k]->n) ||
+            (double)n / X * w[k]->ldw / w[k]->n > (getenv("STRATA_X_MVX_BYTES") ? atof(getenv("STRATA_X_MVX_BYTES")) : GF_MVX_BYTES))
             return 0;
     return !gf_env("STRATA_GPU_MOE_GEMM");
 }
