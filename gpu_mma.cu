@@ -1168,27 +1168,29 @@ int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
 }
 
 /* Whether the n pairs of a prompt's experts of layer ly (X experts) take
- * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K and Q8_0): every stack in a format with gf_mvq_kernel's units, and
- * the rows an expert on average times a weight's bytes at most
- * GF_MVX_BYTES in each (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
- * comparisons). Each tile of 32 rows reads the expert's weights again,
- * where gpu_gemm's f16 tiles pay off with more rows, so the crossing
- * falls with the weights' bytes: on the H200's 30B-A3B gpu_gemm ran at
- * 64 rows an expert (36 bytes in the 4.5-bit types) level with
- * gf_mvx_kernel in Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in
- * Q4_0; gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34
- * bytes; BENCH.md, twenty-ninth, thirty-first, forty-fifth and
- * forty-sixth passes). gf_mvxh_kernel, 1.2 times gf_mvx_kernel's speed
- * at 32 rows in Q4_K and Q8_0 (forty-ninth and fifty-first: the MoE
- * prompt +21% and +22%), keeps its threshold: the crossing with gpu_gemm
- * is not measured again. */
+ * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K and Q8_0): every stack
+ * in a format with gf_mvq_kernel's units, and the rows an expert on average
+ * times a weight's bytes at most GF_MVX_BYTES in each, GF_MVXH_BYTES where
+ * all three stacks take gf_mvxh_kernel (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
+ * products, for comparisons). Each tile of 32 rows reads the expert's
+ * weights again, where gpu_gemm's f16 tiles pay off with more rows, so the
+ * crossing falls with the weights' bytes: on the H200's 30B-A3B gpu_gemm
+ * ran at 64 rows an expert (36 bytes in the 4.5-bit types) level with
+ * gf_mvx_kernel in Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in Q4_0;
+ * gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34 bytes;
+ * BENCH.md, twenty-ninth, thirty-first, forty-fifth and forty-sixth
+ * passes). gf_mvxh_kernel (1.2 times gf_mvx_kernel at 32 rows, forty-ninth
+ * and fifty-first passes) against gpu_gemm, one chunk of Q4_K (fifty-second
+ * pass): 64 rows +10%, 68 rows −3.5%, 72-112 rows −4 to −12%; Q8_0 at 64
+ * rows (68 bytes) level. */
 #define GF_MVX_BYTES 35.0
+#define GF_MVXH_BYTES 36.0
 int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
 {
     const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
+    double most = gf_mvxh_takes(w, 3) ? GF_MVXH_BYTES : GF_MVX_BYTES;
     for (int k = 0; k < 3; k++)
-        if (!gf_mvq_units(w[k]->type, w[k]->n) ||
-            (double)n / X * w[k]->ldw / w[k]->n > (getenv("STRATA_X_MVX_BYTES") ? atof(getenv("STRATA_X_MVX_BYTES")) : GF_MVX_BYTES))
+        if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > most)
             return 0;
     return !gf_env("STRATA_GPU_MOE_GEMM");
 }
