@@ -1025,11 +1025,13 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
     GF_LAUNCH_CHECK(err, errlen);
     gf_mark(c, GF_ST_SORT);
     /* on tensor cores from the weights' blocks (the sorted rows' int8 blocks
-     * first), else gpu_gemm's; a failure of gpu_gemm: as gf_matmul_n, the
-     * matrix-vector kernels from now on (they redo it all) */
+     * first), else gpu_gemm's, chosen for gate/up and for down apart (a
+     * Q4_K_M file's Q4_K gate/up and Q6_K down cross gpu_gemm at different
+     * rows); a failure of gpu_gemm: as gf_matmul_n, the matrix-vector
+     * kernels from now on (they redo it all) */
     const struct gf_mat *gu[2] = {gw, uw};
     float *gu_y[2] = {c->gt, c->up};
-    int mvx = gf_mvx_takes(ly, n, X);
+    int mvx = gf_mvx_takes(gu, 2, n, X), mvx_down = gf_mvx_takes(&dw, 1, n, X);
     if (mvx) {
         /* (the int8 activation for gf_mvx_kernel's types) */
         if ((!gf_mvxh_takes(gu, 2) &&
@@ -1042,10 +1044,11 @@ static int gf_experts_gemm(struct gpu_ctx *c, const struct gf_layer *ly, int T, 
                                 c->gemm_scratch, s, err, errlen))
         return c->gemm_ok = 0, 1;
     gf_mark(c, GF_ST_GATE_UP);
-    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, mvx ? n : 0, c->gt, c->aq, c->ads, err, errlen))
+    if (gf_act(s, GF_ACT_SWIGLU, c->gt, c->up, NULL, 0, Fe, n, mvx_down ? n : 0, c->gt, c->aq, c->ads, err,
+               errlen))
         return -1;
     gf_mark(c, GF_ST_SWIGLU);
-    if (mvx) {
+    if (mvx_down) {
         if (gf_mvx(c, &dw, &c->xs, 1, D, n, c->gt, err, errlen))
             return -1;
     } else if (gpu_gemm_experts(dw->type, dw->d, dw->ldw, dw->stride, Fe, D, c->gt, n, c->offs, X, c->xs, D,

@@ -403,7 +403,7 @@ int gf_hand_takes(int type, int n, int ne);
 int gf_mma_launch(int type, const gf_mv &p, gpuStream_t s);
 int gf_mvq_units(int type, int n);
 int gf_mvq_takes(int type, int n, int T);
-int gf_mvx_takes(const struct gf_layer *ly, int n, int X);
+int gf_mvx_takes(const struct gf_mat *const *w, int n_w, int n, int X);
 int gf_mvxh_takes(const struct gf_mat *const *w, int n_w);
 int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, int n_w, size_t ldy, int n,
            const float *xf, char *err, size_t errlen);

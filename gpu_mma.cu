@@ -1167,11 +1167,11 @@ int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
     return 1;
 }
 
-/* Whether the n pairs of a prompt's experts of layer ly (X experts) take
- * gf_mvx (gf_mvx_kernel, or gf_mvxh_kernel for Q4_K and Q8_0): every stack
- * in a format with gf_mvq_kernel's units, and the rows an expert on average
- * times a weight's bytes at most GF_MVX_BYTES in each, GF_MVXH_BYTES where
- * all three stacks take gf_mvxh_kernel (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
+/* Whether the n pairs of a prompt's experts (X experts) take gf_mvx for
+ * the n_w stacks w of one launch (gf_mvx_kernel, or gf_mvxh_kernel for
+ * Q4_K and Q8_0): every stack in a format with gf_mvq_kernel's units, and
+ * the rows an expert on average times a weight's bytes at most
+ * GF_MVX_BYTES in each, GF_MVXH_BYTES where the stacks take gf_mvxh_kernel (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
  * products, for comparisons). Each tile of 32 rows reads the expert's
  * weights again, where gpu_gemm's f16 tiles pay off with more rows, so the
  * crossing falls with the weights' bytes: on the H200's 30B-A3B gpu_gemm
@@ -1185,11 +1185,10 @@ int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
  * rows (68 bytes) level. */
 #define GF_MVX_BYTES 35.0
 #define GF_MVXH_BYTES 36.0
-int gf_mvx_takes(const struct gf_layer *ly, int n, int X)
+int gf_mvx_takes(const struct gf_mat *const *w, int n_w, int n, int X)
 {
-    const struct gf_mat *w[3] = { &ly->gate_exps, &ly->up_exps, &ly->down_exps };
-    double most = gf_mvxh_takes(w, 3) ? GF_MVXH_BYTES : GF_MVX_BYTES;
-    for (int k = 0; k < 3; k++)
+    double most = gf_mvxh_takes(w, n_w) ? GF_MVXH_BYTES : GF_MVX_BYTES;
+    for (int k = 0; k < n_w; k++)
         if (!gf_mvq_units(w[k]->type, w[k]->n) || (double)n / X * w[k]->ldw / w[k]->n > most)
             return 0;
     return !gf_env("STRATA_GPU_MOE_GEMM");
