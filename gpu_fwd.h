@@ -21,8 +21,6 @@
 
 #define GF_AB 32          /* activation block: int8 codes with one scale */
 #define GF_ACT_SLACK 32   /* rows past c->aq's and c->ads's last (gf_act_alloc; gf_act_src reads them) */
-#define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
-#define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
 #define GF_DECODE_T 16    /* up to this many tokens take the decode attention */
 #define GF_MMA_T 16       /* gf_matmul_n's nt for the tensor-core products (gpu_mma.cu): up to 16 rows, one group */
 
@@ -55,26 +53,6 @@ static __device__ __forceinline__ int gf_ld32h(const uint8_t *p)
 {
     const uint16_t *q = (const uint16_t *)p;
     return (int)((uint32_t)q[0] | (uint32_t)q[1] << 16);
-}
-/* N words at p (4-aligned) in the widest loads its alignment allows: 16
- * bytes, 8 or 4 (the stages keep a row's address mod 16) */
-template <int N>
-static __device__ __forceinline__ void gf_ldw(uint32_t (&w)[N], const uint8_t *p)
-{
-    unsigned a = (unsigned)(uintptr_t)p & 15;
-    if (N % 4 == 0 && a == 0)
-        for (int i = 0; i < N / 4; i++) {
-            uint4 v = ((const uint4 *)p)[i];
-            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        }
-    else if (N % 2 == 0 && a % 8 == 0)
-        for (int i = 0; i < N / 2; i++) {
-            uint2 v = ((const uint2 *)p)[i];
-            w[2 * i] = v.x, w[2 * i + 1] = v.y;
-        }
-    else
-        for (int i = 0; i < N; i++)
-            w[i] = ((const uint32_t *)p)[i];
 }
 /* bits 0..3 of h to bit 4 of bytes 0..3 */
 static __device__ __forceinline__ int gf_bit4(uint32_t h)
@@ -363,18 +341,6 @@ static inline int gf_sms(void)
     return gpu_device_facts(&arch, &sms) == gpuSuccess ? sms : 0;
 }
 
-/* the device's SMs, and in *per_sm the blocks of k an SM holds (asked
- * once; left 0 if the query fails) */
-template <typename... P>
-static int gf_per_sm(void (*k)(P...), int threads, int smem, int *per_sm)
-{
-    int sms = gf_sms(), b = 0;
-    if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
-        b > 0)
-        *per_sm = b;
-    return sms;
-}
-
 /* One output of gf_matmul_n: y (T, w->rows), row stride ldy, (+ bias). */
 struct gf_out {
     const struct gf_mat *w;
@@ -383,7 +349,7 @@ struct gf_out {
     const float *bias;
 };
 
-/* ==== across the files ==== */
+/* ==== across the files (each one's contract at its definition) ==== */
 
 /* gpu.cu */
 int gf_act(gpuStream_t s, int mode, const float *x, const float *x2, const float *w, float eps, int n, int T, int bt,

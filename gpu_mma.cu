@@ -337,8 +337,9 @@ struct gf_mvq_iq {
     }
 };
 
-/* the format of a unit struct above (only those gf_mvq_takes reach the kernel) */
-template <int TYPE> struct gf_mvq_of { typedef gf_mvq_iq<TYPE> F; };   /* (the lattices) */
+/* a block type's units among the structs above (gf_mvq_units' types reach
+ * the kernels; the lattices take the general case) */
+template <int TYPE> struct gf_mvq_of { typedef gf_mvq_iq<TYPE> F; };
 template <> struct gf_mvq_of<QT_Q8_0> { typedef gf_mvq_q8_0 F; };
 template <> struct gf_mvq_of<QT_Q4_K> { typedef gf_mvq_q4_K F; };
 template <> struct gf_mvq_of<QT_Q5_K> { typedef gf_mvq_q5_K F; };

@@ -21,6 +21,30 @@
  */
 #include "gpu_fwd.h"
 
+#define GF_MV_WARPS 4     /* matrix rows (one per warp) per block of the matrix-vector kernel */
+#define GF_NT 8           /* tokens per weight read in the prompt fallback (gf_mv_kernel) */
+
+/* N words at p (4-aligned) in the widest loads its alignment allows: 16
+ * bytes, 8 or 4 (the stages keep a row's address mod 16) */
+template <int N>
+static __device__ __forceinline__ void gf_ldw(uint32_t (&w)[N], const uint8_t *p)
+{
+    unsigned a = (unsigned)(uintptr_t)p & 15;
+    if (N % 4 == 0 && a == 0)
+        for (int i = 0; i < N / 4; i++) {
+            uint4 v = ((const uint4 *)p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    else if (N % 2 == 0 && a % 8 == 0)
+        for (int i = 0; i < N / 2; i++) {
+            uint2 v = ((const uint2 *)p)[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    else
+        for (int i = 0; i < N; i++)
+            w[i] = ((const uint32_t *)p)[i];
+}
+
 /* ==== one unit of a weight row against the activation ====
  * Each type is a struct: BLK elements in BYTES bytes per block, UNITS units
  * per block (one lane's work per step); load() reads a unit's weights into
@@ -1655,6 +1679,18 @@ static int gf_mvk_shape(int n, int *UL)
     return S <= GF_MVK_WIDE ? S : 0;
 }
 
+/* the device's SMs, and in *per_sm the blocks of k an SM holds (asked
+ * once; left 0 if the query fails) */
+template <typename... P>
+static int gf_per_sm(void (*k)(P...), int threads, int smem, int *per_sm)
+{
+    int sms = gf_sms(), b = 0;
+    if (!*per_sm && sms > 0 && gpuOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem) == gpuSuccess &&
+        b > 0)
+        *per_sm = b;
+    return sms;
+}
+
 /* The column-sliced kernels' grid: one wave of the blocks of kernel k
  * resident at once (*per_sm: how many an SM holds, asked once) over the
  * groups, at most a block a tile. (Rounded up: the 30B-A3B's gate/up
@@ -1909,7 +1945,8 @@ static void gf_mv_launch_t(const gf_mv &p, int groups, int nt, gpuStream_t s)
 }
 
 /* nt: 1 (each group one activation row), GF_NT (groups of tokens) or
- * GF_MMA_T (one group of up to 16 rows: gf_mvq_kernel, where gf_mvq_takes) */
+ * GF_MMA_T (one group of up to 16 rows on tensor cores: gpu_mma.cu's gf_mma_launch,
+ * where gf_mvq_takes) */
 static int gf_mv_launch(int type, const gf_mv &p, int groups, int nt, gpuStream_t s, char *err, size_t errlen)
 {
     if (nt == GF_MMA_T) {
