@@ -1172,18 +1172,18 @@ int gf_mvxh_takes(const struct gf_mat *const *w, int n_w)
  * the n_w stacks w of one launch (gf_mvx_kernel, or gf_mvxh_kernel for
  * Q4_K and Q8_0): every stack in a format with gf_mvq_kernel's units, and
  * the rows an expert on average times a weight's bytes at most
- * GF_MVX_BYTES in each, GF_MVXH_BYTES where the stacks take gf_mvxh_kernel (STRATA_GPU_MOE_GEMM=1: gpu_gemm's
- * products, for comparisons). Each tile of 32 rows reads the expert's
- * weights again, where gpu_gemm's f16 tiles pay off with more rows, so the
- * crossing falls with the weights' bytes: on the H200's 30B-A3B gpu_gemm
- * ran at 64 rows an expert (36 bytes in the 4.5-bit types) level with
- * gf_mvx_kernel in Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in Q4_0;
- * gf_mvx_kernel was faster at 32 rows in Q4_K and in Q8_0 (34 bytes;
- * BENCH.md, twenty-ninth, thirty-first, forty-fifth and forty-sixth
- * passes). gf_mvxh_kernel (1.2 times gf_mvx_kernel at 32 rows, forty-ninth
- * and fifty-first passes) against gpu_gemm, one chunk of Q4_K (fifty-second
- * pass): 64 rows +10%, 68 rows −3.5%, 72-112 rows −4 to −12%; Q8_0 at 64
- * rows (68 bytes) level. */
+ * GF_MVX_BYTES in each, GF_MVXH_BYTES where the stacks take
+ * gf_mvxh_kernel (STRATA_GPU_MOE_GEMM=1: gpu_gemm's products, for
+ * comparisons). Each tile of 32 rows reads the expert's weights again,
+ * where gpu_gemm's f16 tiles pay off with more rows, so the crossing falls
+ * with the weights' bytes: on the H200's 30B-A3B gpu_gemm ran at 64 rows
+ * an expert (36 bytes in the 4.5-bit types) level with gf_mvx_kernel in
+ * Q4_K, 1.09 times its speed in IQ4_NL and 1.34 in Q4_0; gf_mvx_kernel was
+ * faster at 32 rows in Q4_K and in Q8_0 (34 bytes; BENCH.md, twenty-ninth,
+ * thirty-first, forty-fifth and forty-sixth passes). gf_mvxh_kernel (1.2
+ * times gf_mvx_kernel at 32 rows, forty-ninth and fifty-first passes)
+ * against gpu_gemm, one chunk of Q4_K (fifty-second pass): 64 rows +10%,
+ * 68 rows −3.5%, 72-112 rows −4 to −12%; Q8_0 at 64 rows (68 bytes) level. */
 #define GF_MVX_BYTES 35.0
 #define GF_MVXH_BYTES 36.0
 int gf_mvx_takes(const struct gf_mat *const *w, int n_w, int n, int X)
@@ -1231,7 +1231,8 @@ int gf_mvx(struct gpu_ctx *c, const struct gf_mat *const *w, float *const *y, in
         return 0;
     }
     dim3 grid((p.end[n_w - 1] + 16 * GF_MVX_WARPS - 1) / (16 * GF_MVX_WARPS), X);
-    if (!gf_mma_type(w[0]->type, [&](auto t) { gf_mvx_launch<decltype(t)::value>(p, grid, avg, offs, c->stream); }))
+    auto launch = [&](auto t) { gf_mvx_launch<decltype(t)::value>(p, grid, avg, offs, c->stream); };
+    if (!gf_mma_type(w[0]->type, launch))
         return strata_errf(err, errlen, "GPU: no tensor-core experts' kernel for %s", gguf_type_name(w[0]->type));
     GF_LAUNCH_CHECK(err, errlen);
     return 0;
